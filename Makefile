@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`. Both create .venv and install the
+# pinned dependencies (requirements.lock) on first use.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
+PROTO_GEN = $(PYTHON) -m grpc_tools.protoc -Iproto --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) proto/vbcpb/vbc.proto
+
+.PHONY: venv test demo proto check-proto bench clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --disable-pip-version-check -r requirements.lock
+	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed-* && touch $@
+
+test: venv check-proto
+	$(PYTHON) -m pytest -q -p no:cacheprovider
+
+demo: venv
+	$(PYTHON) -m vbc.demo
+
+proto: venv
+	$(call PROTO_GEN,.)
+
+check-proto: venv
+	@tmp=$$(mktemp -d) && $(call PROTO_GEN,$$tmp) && \
+	  for f in vbc_pb2.py vbc_pb2.pyi vbc_pb2_grpc.py; do \
+	    cmp -s $$tmp/vbcpb/$$f vbcpb/$$f || { echo "vbcpb/$$f is stale: run 'make proto'"; rm -rf $$tmp; exit 1; }; \
+	  done; rm -rf $$tmp; echo "generated protobuf code is up to date"
+
+bench: venv
+	$(PYTHON) bench/write_path.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,65 @@
+"""The function from a base row to its view row, and the view changes a base row change implies."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .schema import Filter, Table
+
+
+@dataclass(frozen=True)
+class ViewChange:
+    """Delete the view row at `key`, or (when `values` is set) upsert it with `values` (all view columns)."""
+
+    key: tuple
+    values: dict | None = None
+
+    @property
+    def is_delete(self) -> bool:
+        return self.values is None
+
+
+def _passes(term: Filter, value: object) -> bool:
+    if term.op == "IS NOT NULL":
+        return value is not None
+    if value is None:
+        return False
+    if term.op == "IN":
+        return value in term.value
+    return _COMPARE[term.op](value, term.value)
+
+
+_COMPARE = {
+    "=": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
+
+
+def matches(terms: tuple[Filter, ...], row: dict) -> bool:
+    """Whether a row (column name -> value, absent = null) satisfies every term."""
+    return all(_passes(term, row.get(term.column)) for term in terms)
+
+
+def view_row(view: Table, base_row: dict | None) -> tuple[tuple, dict] | None:
+    """The (view key, view column values) a live base row maps to, or None if it has no view row."""
+    if base_row is None or not matches(view.view.where, base_row):
+        return None
+    key = tuple(base_row.get(c) for c in view.primary_key)
+    if any(v is None for v in key):
+        return None
+    return key, {c.name: base_row.get(c.name) for c in view.columns}
+
+
+def view_changes(view: Table, old_row: dict | None, new_row: dict | None) -> list[ViewChange]:
+    """The view writes turning the view row of `old_row` into that of `new_row` (None = no live base row)."""
+    old = view_row(view, old_row)
+    new = view_row(view, new_row)
+    changes = []
+    if old is not None and (new is None or new[0] != old[0]):
+        changes.append(ViewChange(old[0]))
+    if new is not None and new != old:
+        changes.append(ViewChange(new[0], new[1]))
+    return changes

@@ -1,0 +1,429 @@
+"""Group0's Raft adapter: replicates state-machine commands to every member through pysyncobj."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+JOURNAL_FILE = "raft.journal"  # pysyncobj also writes "raft.journal.meta" (term, vote, commit index)
+DUMP_FILE = "raft.dump"
+
+_RAFT_STATE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
+_FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() if not name.startswith("_")}
+_CLOSED = "CLOSED"  # attempt outcome when close() interrupts a pending proposal
+_RETRY_BACKOFF_FIRST = 0.005
+_RETRY_BACKOFF_MAX = 0.2
+
+
+def raft_options(data_dir: Path, password: str) -> dict:
+    """The SyncObjConf settings group0 runs with (see the module's report for the reasoning)."""
+    return {
+        "password": password,  # encrypts and authenticates the transport, which unpickles what it receives
+        "journalFile": str(data_dir / JOURNAL_FILE),
+        "fullDumpFile": str(data_dir / DUMP_FILE),
+        "useFork": False,  # we share the process with gRPC threads; dumps are written by the tick thread
+        "dynamicMembershipChange": False,
+        "appendEntriesUseBatch": False,  # ship each entry at once: ~1 ms per command instead of ~100 ms
+        "commandsWaitLeader": True,  # during an election, commands queue until a leader is known
+        "appendEntriesPeriod": 0.1,
+        "raftMinTimeout": 0.5,
+        "raftMaxTimeout": 1.0,
+        "leaderFallbackTimeout": 2.0,  # a leader cut off from the majority steps down after 2 s, not 30
+        "connectionTimeout": 3.0,
+        "connectionRetryTime": 0.5,  # restarted peers are reconnected within half a second
+        "bindRetryTime": 0.5,
+        "maxBindRetries": 10,  # start() fails after ~5 s instead of retrying the bind forever
+        "logCompactionMinEntries": 5000,
+        "logCompactionMinTime": 300,
+    }
+
+
+class StateMachine(Protocol):
+    """The replicated object: deterministic, picklable, never raises for bad input."""
+
+    def apply(self, command: dict) -> object: ...
+
+
+class Group0Unavailable(Exception):
+    """No leader, no quorum, a timeout, or a closed Group0: the command's outcome is unknown."""
+
+
+class StateMachineError(RuntimeError):
+    """state_machine.apply raised: a bug. The command still counts as applied on every member."""
+
+
+class _ApplyFailure:
+    """Returned by the replicated apply when the state machine raised (exceptions cannot cross it)."""
+
+    def __init__(self, description: str):
+        self.description = description
+
+
+class _Replica:
+    """What a full dump holds: the state machine and how many commands it has applied."""
+
+    def __init__(self, state_machine: StateMachine):
+        self.state_machine = state_machine
+        self.applied_index = 0
+
+
+class _ReplicatedState(SyncObjConsumer):
+    """The pysyncobj consumer whose replicated methods feed commands to the state machine.
+
+    It runs on pysyncobj's tick thread. Only the _Replica goes into full dumps (see _serialize);
+    the lock and callbacks are process-local.
+    """
+
+    def __init__(self, state_machine: StateMachine, on_applied: Callable[[int], None] | None):
+        super().__init__()
+        self._replica = _Replica(state_machine)
+        self._on_applied = on_applied
+        self.changed = threading.Condition()  # guards _replica; notified on every applied command
+        self.closed = False
+
+    def _serialize(self) -> dict:
+        return {"replica": self._replica}
+
+    def _deserialize(self, data: dict) -> None:
+        with self.changed:
+            self._replica = data["replica"]
+            index = self._replica.applied_index
+            self.changed.notify_all()
+        logger.info("group0 state restored from full dump at applied index %d", index)
+        self._report_applied(index)
+
+    @replicated
+    def apply_command(self, command: dict) -> object:
+        with self.changed:
+            result = self._apply_to_state_machine(command)
+            self._replica.applied_index += 1
+            index = self._replica.applied_index
+            self.changed.notify_all()
+        self._report_applied(index)
+        return result
+
+    @replicated
+    def barrier_noop(self) -> int:
+        with self.changed:
+            return self._replica.applied_index
+
+    def _apply_to_state_machine(self, command: dict) -> object:
+        try:
+            return self._replica.state_machine.apply(command)
+        except Exception as error:  # a bug; re-raising would make pysyncobj re-apply the entry forever
+            logger.exception("group0 state machine raised on command %r", command)
+            return _ApplyFailure(f"{type(error).__name__}: {error}")
+
+    def _report_applied(self, index: int) -> None:
+        if self._on_applied is None:
+            return
+        try:
+            self._on_applied(index)
+        except Exception:  # must not propagate into pysyncobj, which would re-apply the entry
+            logger.exception("group0 on_applied(%d) callback raised", index)
+
+    @property
+    def applied_index(self) -> int:
+        return self._replica.applied_index
+
+    def read(self, fn: Callable[[StateMachine], T]) -> T:
+        with self.changed:
+            return fn(self._replica.state_machine)
+
+    def wait_applied(self, index: int, timeout: float) -> bool:
+        with self.changed:
+            self.changed.wait_for(lambda: self.closed or self._replica.applied_index >= index, timeout)
+            return self._replica.applied_index >= index
+
+    def close(self) -> None:
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
+
+
+class _Attempt:
+    """One submission to pysyncobj, completed once by its callback or by close()."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self.result: object = None
+        self.failure: object = None
+
+    def complete(self, result: object, failure: object) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self.result = result
+            self.failure = None if failure == FAIL_REASON.SUCCESS else failure
+            self._done.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(max(timeout, 0.0))
+
+
+class Group0:
+    """One member of group0: every cluster node runs one, with the same static membership.
+
+    state_machine is the initial (empty) state: on start() it is brought up to date from the full
+    dump and journal in data_dir, and a restore from a dump *replaces* it with the unpickled copy.
+    Always reach the live state through read(), never through the object passed in.
+
+    on_applied(index) runs on pysyncobj's tick thread after each command, outside the state lock;
+    like read()'s fn it must be quick and must not call propose()/barrier()/close().
+    start() must be called from a thread that outlives this Group0 (normally the main thread):
+    pysyncobj stops ticking when the thread that created it exits.
+
+    raft_overrides: SyncObjConf settings replacing those of raft_options() (benchmarks, tuning).
+    """
+
+    def __init__(self, *, node_id: str, raft_addr: str, peers: Mapping[str, str], data_dir: str | Path,
+                 state_machine: StateMachine, password: str, on_applied: Callable[[int], None] | None = None,
+                 raft_overrides: Mapping[str, object] | None = None):
+        _check_membership(node_id, raft_addr, peers)
+        if not password:
+            raise ValueError("group0 needs a non-empty Raft password: the transport unpickles what it receives")
+        self._node_id = node_id
+        self._raft_addr = raft_addr
+        self._peers = dict(peers)
+        self._node_ids_by_addr = {addr: peer_id for peer_id, addr in self._peers.items()}
+        self._node_ids_by_addr[raft_addr] = node_id
+        self._data_dir = Path(data_dir)
+        self._conf = SyncObjConf(**{**raft_options(self._data_dir, password), **(raft_overrides or {})})
+        self._state = _ReplicatedState(state_machine, on_applied)
+        self._syncobj: SyncObj | None = None
+        self._lifecycle_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._pending: set[_Attempt] = set()
+        self._pending_lock = threading.Lock()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        with self._lifecycle_lock:
+            if self._closed.is_set() or self._syncobj is not None:
+                raise RuntimeError(f"group0 on {self._node_id} was already started")
+            if threading.current_thread() is not threading.main_thread():
+                logger.warning("group0 started from thread %s: it stops ticking when that thread exits",
+                               threading.current_thread().name)
+            self._data_dir.mkdir(parents=True, exist_ok=True)
+            self._conf.onStateChanged = self._log_state_change
+            self._syncobj = SyncObj(self._raft_addr, list(self._peers.values()), conf=self._conf,
+                                    consumers=[self._state])
+        self._wait_bound()
+
+    def _wait_bound(self) -> None:
+        try:
+            self._syncobj.waitBinded()
+        except Exception as error:
+            self.close()
+            raise Group0Unavailable(f"group0 on {self._node_id} cannot listen on {self._raft_addr}: "
+                                    f"port in use or address not local ({error})") from None
+
+    def close(self) -> None:
+        with self._lifecycle_lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            syncobj = self._syncobj
+        self._fail_pending_attempts()
+        self._state.close()
+        if syncobj is not None:
+            syncobj.destroy_synchronous()
+
+    def _log_state_change(self, old_state: int, new_state: int) -> None:
+        logger.info("group0 %s: %s -> %s in term %d", self._node_id, _RAFT_STATE_NAMES.get(old_state),
+                    _RAFT_STATE_NAMES.get(new_state), self.term)
+
+    # ----------------------------------------------------------------- commands
+
+    def propose(self, command: dict, timeout: float = 10.0) -> object:
+        """Replicate command; return what apply returned on this node's copy.
+
+        Retries after leader changes with the same command object (the state machine deduplicates).
+        """
+        result = self._replicate(lambda callback: self._state.apply_command(command, callback=callback),
+                                 "command", timeout)
+        if isinstance(result, _ApplyFailure):
+            raise StateMachineError(f"group0 state machine failed to apply {command!r}: {result.description}")
+        return result
+
+    def barrier(self, timeout: float = 10.0) -> int:
+        """Wait until this node has applied everything committed before the call; return applied_index."""
+        return self._replicate(lambda callback: self._state.barrier_noop(callback=callback), "barrier", timeout)
+
+    def _replicate(self, submit: Callable[[Callable], None], what: str, timeout: float) -> object:
+        deadline = time.monotonic() + timeout
+        backoff = _RETRY_BACKOFF_FIRST
+        last_failure = None
+        while True:
+            attempt = self._submit(submit)
+            if not attempt.wait(deadline - time.monotonic()):
+                self._forget(attempt)  # a late callback may still fire; it completes an orphaned attempt
+                raise self._unavailable(what, timeout, last_failure)
+            if attempt.failure is None:
+                return attempt.result
+            last_failure = attempt.failure
+            logger.debug("group0 %s on %s failed (%s), retrying", what, self._node_id, _reason(last_failure))
+            if self._closed.wait(min(backoff, max(deadline - time.monotonic(), 0.0))):
+                raise self._unavailable(what, timeout, last_failure)
+            if time.monotonic() >= deadline:
+                raise self._unavailable(what, timeout, last_failure)
+            backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
+
+    def _submit(self, submit: Callable[[Callable], None]) -> _Attempt:
+        attempt = _Attempt()
+        with self._pending_lock:
+            if self._closed.is_set() or self._syncobj is None:
+                attempt.complete(None, _CLOSED)
+                return attempt
+            self._pending.add(attempt)
+
+        def on_result(result: object, failure: object) -> None:
+            self._forget(attempt)
+            attempt.complete(result, failure)
+
+        try:
+            submit(on_result)
+        except BlockingIOError:
+            pass  # pysyncobj's wake-up pipe is full: the command is queued and the tick thread is awake
+        return attempt
+
+    def _forget(self, attempt: _Attempt) -> None:
+        with self._pending_lock:
+            self._pending.discard(attempt)
+
+    def _fail_pending_attempts(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, set()
+        for attempt in pending:
+            attempt.complete(None, _CLOSED)
+
+    # ----------------------------------------------------------------- local state
+
+    def read(self, fn: Callable[[StateMachine], T]) -> T:
+        """Run fn on the local state under the apply lock; keep it short, it blocks the Raft thread."""
+        return self._state.read(fn)
+
+    def wait_applied(self, index: int, timeout: float) -> bool:
+        return self._state.wait_applied(index, timeout)
+
+    def force_log_compaction(self) -> None:
+        """Write a full dump on the next tick and truncate the journal (normally automatic)."""
+        if self._syncobj is not None:
+            self._syncobj.forceLogCompaction()
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    @property
+    def applied_index(self) -> int:
+        return self._state.applied_index
+
+    @property
+    def term(self) -> int:
+        return self._syncobj.raftCurrentTerm if self._syncobj is not None else 0
+
+    @property
+    def leader_id(self) -> str | None:
+        leader = self._syncobj._getLeader() if self._syncobj is not None else None
+        return None if leader is None else self._node_ids_by_addr.get(leader.id, leader.id)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._syncobj is not None and self._syncobj._isLeader()
+
+    def status(self) -> dict:
+        status = {"node_id": self._node_id, "raft_addr": self._raft_addr, "started": self._syncobj is not None,
+                  "closed": self._closed.is_set(), "applied_index": self.applied_index}
+        if self._syncobj is None:
+            return status
+        raw = _pysyncobj_status(self._syncobj)
+        status.update({
+            "state": _RAFT_STATE_NAMES.get(raw["state"], raw["state"]),
+            "term": raw["raft_term"],
+            "leader_id": self.leader_id,
+            "is_leader": raw["state"] == 2,
+            "has_quorum": raw["has_quorum"],
+            "commit_index": raw["commit_idx"],
+            "raft_last_applied": raw["last_applied"],
+            "leader_commit_index": raw["leader_commit_idx"],
+            "log_len": raw["log_len"],
+            "uptime_s": raw["uptime"],
+            "peers": {peer_id: _peer_status(raw, addr) for peer_id, addr in self._peers.items()},
+        })
+        return status
+
+    # ----------------------------------------------------------------- errors
+
+    def _unreachable_peers(self) -> list[str]:
+        if self._syncobj is None:
+            return sorted(self._peers)
+        connected = {node.id for node in self._syncobj.otherNodes if self._syncobj.isNodeConnected(node)}
+        return sorted(peer_id for peer_id, addr in self._peers.items() if addr not in connected)
+
+    def _unavailable(self, what: str, timeout: float, last_failure: object) -> Group0Unavailable:
+        if self._closed.is_set() or last_failure == _CLOSED:
+            return Group0Unavailable(f"group0 on {self._node_id} is closed; the {what} was not completed")
+        leader = self.leader_id
+        if leader is None:
+            headline = f"no Raft leader for group0 as seen from {self._node_id} (term {self.term})"
+        else:
+            headline = f"group0 {what} not committed within {timeout:g}s (leader {leader}, term {self.term})"
+        details = [headline, self._connectivity_summary()]
+        if last_failure is not None:
+            details.append(f"last attempt failed with {_reason(last_failure)}")
+        details.append("the outcome is unknown: retry with the same command (same id)")
+        return Group0Unavailable("; ".join(details))
+
+    def _connectivity_summary(self) -> str:
+        members = len(self._peers) + 1
+        unreachable = self._unreachable_peers()
+        if not unreachable:
+            return f"all {members} members connected (election in progress or cluster overloaded?)"
+        names = ", ".join(f"{peer_id} at {self._peers[peer_id]}" for peer_id in unreachable)
+        return (f"{len(unreachable)} of {members} members unreachable from {self._node_id} ({names}); "
+                f"a majority of {members // 2 + 1} must run and reach each other: "
+                f"start them, or check their raft address, port and password")
+
+
+def _check_membership(node_id: str, raft_addr: str, peers: Mapping[str, str]) -> None:
+    if node_id in peers:
+        raise ValueError(f"peers must list the other members only, but it contains this node {node_id!r}")
+    if raft_addr in peers.values():
+        raise ValueError(f"peers must list the other members only, but it contains {raft_addr!r}")
+    if len(set(peers.values())) != len(peers):
+        raise ValueError(f"two peers share a raft address: {dict(peers)!r}")
+
+
+def _reason(failure: object) -> str:
+    return _FAIL_REASON_NAMES.get(failure, str(failure))
+
+
+def _pysyncobj_status(syncobj: SyncObj) -> dict:
+    # getStatus() iterates dicts the tick thread may resize (first election); retry that rare race
+    for _ in range(3):
+        try:
+            return syncobj.getStatus()
+        except RuntimeError:
+            continue
+    return syncobj.getStatus()
+
+
+def _peer_status(raw: dict, addr: str) -> dict:
+    return {
+        "raft_addr": addr,
+        "connected": raw.get("partner_node_status_server_" + addr) == 2,
+        "next_index": raw.get("next_node_idx_server_" + addr),
+        "match_index": raw.get("match_idx_server_" + addr),
+    }

@@ -1,0 +1,577 @@
+"""The node's database of tablet replicas: one SQL table per TableSpec, a table catalog and a durable outbox.
+
+Built on SQLAlchemy Core. SQLite (WAL mode) by default; any SQLAlchemy URL, e.g. PostgreSQL, by configuration.
+One NodeStore owns its database: writers are serialised inside the store (and, on PostgreSQL, by a
+transaction-level advisory lock), readers run concurrently with the writer.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from .cells import (
+    Cell,
+    CellMap,
+    ColumnSpec,
+    Row,
+    TableSpec,
+    changes_state,
+    is_empty,
+    is_live,
+    merge,
+    next_view_ts,
+    with_view_ts,
+    write_ts,
+)
+
+Derive = Callable[[Row | None, Row], Sequence[tuple[str, bytes]]]
+
+SYSTEM_COLUMNS = ("token", "marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone")
+MAX_IDENTIFIER_BYTES = 63  # PostgreSQL truncates longer identifiers
+MAX_PARAMS_PER_STATEMENT = 4000
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+PG_WRITER_LOCK_ID = 0x7662635F73746F72  # arbitrary constant naming the store's writer advisory lock
+_IMMEDIATE = "storage_begin_immediate"
+_NAN_KEY = object()  # stands for any NaN key component in dictionary lookups (NaN != NaN)
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    id: int
+    target: str
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    changed: int
+    outbox_ids: tuple[int, ...]
+
+
+class _SqliteReal(sa.types.UserDefinedType):
+    """SQLite REAL without SQLAlchemy's float conversion of bound values (which would undo Float64's 'NaN')."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw) -> str:
+        return "REAL"
+
+
+class Float64(sa.types.TypeDecorator):
+    """A double that round-trips NaN on SQLite too (SQLite turns a NaN REAL into NULL; 'NaN' text sorts last)."""
+
+    impl = sa.Double
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        return dialect.type_descriptor(_SqliteReal() if dialect.name == "sqlite" else sa.Double())
+
+    def process_bind_param(self, value, dialect):
+        if dialect.name == "sqlite" and isinstance(value, float) and math.isnan(value):
+            return "NaN"
+        return value
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else float(value)
+
+
+def _sql_type(column_type: str, is_key: bool) -> sa.types.TypeEngine:
+    if column_type == "double":
+        return Float64()
+    if column_type == "boolean":
+        return sa.Boolean()
+    if column_type == "text":
+        # Key order must be code-point order on every backend; SQLite's default BINARY collation already is.
+        return sa.Text().with_variant(sa.Text(collation="C"), "postgresql") if is_key else sa.Text()
+    return sa.BigInteger()
+
+
+def value_column_name(name: str) -> str:
+    return f"c_{name}"
+
+
+def ts_column_name(name: str) -> str:
+    return f"ts_{name}"
+
+
+def physical_table_name(table_id: str) -> str:
+    return f"t_{table_id}"
+
+
+def _check_identifier(name: str) -> None:
+    if len(name.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+        raise ValueError(f"column name too long for the database: {name!r}")
+
+
+def _check_token(token: int) -> int:
+    if isinstance(token, bool) or not isinstance(token, int) or not INT64_MIN <= token <= INT64_MAX:
+        raise ValueError(f"token must be a signed 64-bit integer, got {token!r}")
+    return token
+
+
+def coerce_value(column: ColumnSpec, value: object) -> object:
+    """Check a value against its column type; ints are accepted for doubles. None stays None."""
+    if value is None:
+        return None
+    kind = column.type
+    if kind == "boolean" and isinstance(value, bool):
+        return value
+    if kind == "text" and isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        pass
+    elif kind == "double" and isinstance(value, (int, float)):
+        return float(value)
+    elif kind in ("int", "bigint", "timestamp") and isinstance(value, int) and INT64_MIN <= value <= INT64_MAX:
+        return value
+    raise TypeError(f"column {column.name!r} ({kind}) cannot hold {value!r}")
+
+
+def _lookup_key(token: int, key: tuple) -> tuple:
+    return (token, tuple(_NAN_KEY if isinstance(v, float) and math.isnan(v) else v for v in key))
+
+
+def spec_to_json(spec: TableSpec) -> str:
+    def columns(cols: tuple[ColumnSpec, ...]) -> list[list[str]]:
+        return [[c.name, c.type] for c in cols]
+
+    return json.dumps({
+        "table_id": spec.table_id,
+        "partition_key": columns(spec.partition_key),
+        "clustering_key": columns(spec.clustering_key),
+        "regular": columns(spec.regular),
+    })
+
+
+def spec_from_json(text: str) -> TableSpec:
+    data = json.loads(text)
+
+    def columns(name: str) -> tuple[ColumnSpec, ...]:
+        return tuple(ColumnSpec(n, t) for n, t in data[name])
+
+    return TableSpec(data["table_id"], columns("partition_key"), columns("clustering_key"), columns("regular"))
+
+
+class PhysicalTable:
+    """The SQL table holding one TableSpec's rows, and the conversions between Row and SQL rows."""
+
+    def __init__(self, spec: TableSpec) -> None:
+        for column in spec.columns:
+            _check_identifier(ts_column_name(column.name))
+        self.spec = spec
+        self.regular_names = tuple(column.name for column in spec.regular)
+        self.regular_columns = {column.name: column for column in spec.regular}
+        self.table = self._build_table(spec)
+        self.key_columns = [self.table.c.token] + [self.table.c[value_column_name(c.name)] for c in spec.key_columns]
+        self._update = self._build_update()
+
+    @staticmethod
+    def _build_table(spec: TableSpec) -> sa.Table:
+        columns = [sa.Column("token", sa.BigInteger, primary_key=True, autoincrement=False)]
+        columns += [
+            sa.Column(value_column_name(c.name), _sql_type(c.type, is_key=True), primary_key=True, autoincrement=False)
+            for c in spec.key_columns
+        ]
+        for c in spec.regular:
+            columns.append(sa.Column(value_column_name(c.name), _sql_type(c.type, is_key=False)))
+            columns.append(sa.Column(ts_column_name(c.name), sa.BigInteger))
+        columns += [
+            sa.Column("marker_ts", sa.BigInteger),
+            sa.Column("tomb_ts", sa.BigInteger),
+            sa.Column("view_ts", sa.BigInteger),
+            sa.Column("write_ts", sa.BigInteger, nullable=False),
+            sa.Column("tombstone", sa.Boolean, nullable=False),
+        ]
+        return sa.Table(physical_table_name(spec.table_id), sa.MetaData(), *columns, sqlite_with_rowid=False)
+
+    def _build_update(self) -> sa.Update:
+        conditions = [column == sa.bindparam(f"w_{i}") for i, column in enumerate(self.key_columns)]
+        return self.table.update().where(*conditions)
+
+    def normalise(self, mutation: Row) -> Row:
+        """The mutation with type-checked key and cell values (the same object when nothing needed converting)."""
+        _check_token(mutation.token)
+        key = self.full_key(mutation.key)
+        cells = {name: self._normalised_cell(name, cell) for name, cell in mutation.cells.items()}
+        unchanged_key = all(new is old for new, old in zip(key, mutation.key))
+        if unchanged_key and all(cells[name] is cell for name, cell in mutation.cells.items()):
+            return mutation
+        return Row(mutation.token, key, mutation.marker_ts, mutation.tomb_ts, CellMap(cells), mutation.view_ts)
+
+    def _normalised_cell(self, name: str, cell: Cell) -> Cell:
+        column = self.regular_columns.get(name)
+        if column is None:
+            raise KeyError(f"table {self.spec.table_id} has no regular column {name!r}")
+        value = coerce_value(column, cell.value)
+        return cell if value is cell.value else Cell(value, cell.ts)
+
+    def coerce_key(self, values: tuple, columns: tuple[ColumnSpec, ...]) -> tuple:
+        values = tuple(values)
+        if len(values) > len(columns):
+            raise ValueError(f"key {values!r} has more components than columns {[c.name for c in columns]}")
+        for column, value in zip(columns, values):
+            if value is None:
+                raise ValueError(f"key column {column.name!r} cannot be null")
+        return tuple(coerce_value(column, value) for column, value in zip(columns, values))
+
+    def full_key(self, values: tuple) -> tuple:
+        key = self.coerce_key(values, self.spec.key_columns)
+        if len(key) != len(self.spec.key_columns):
+            raise ValueError(f"key {values!r} must have {len(self.spec.key_columns)} components")
+        return key
+
+    def to_params(self, row: Row) -> dict[str, object]:
+        params: dict[str, object] = {"token": row.token}
+        for column, value in zip(self.spec.key_columns, row.key):
+            params[value_column_name(column.name)] = value
+        for name in self.regular_names:
+            cell = row.cells.get(name)
+            params[value_column_name(name)] = None if cell is None else cell.value
+            params[ts_column_name(name)] = None if cell is None else cell.ts
+        params.update(
+            marker_ts=row.marker_ts,
+            tomb_ts=row.tomb_ts,
+            view_ts=row.view_ts,
+            write_ts=write_ts(row),
+            tombstone=not is_live(row),
+        )
+        return params
+
+    def update_params(self, row: Row) -> dict[str, object]:
+        params = self.to_params(row)
+        for i, column in enumerate(self.key_columns):
+            params[f"w_{i}"] = params.pop(column.name)
+        return params
+
+    def from_sql(self, values: Sequence[object]) -> Row:
+        """A Row from a `select(self.table)` result row (columns in table order)."""
+        key_end = len(self.key_columns)
+        cells = {}
+        position = key_end
+        for name in self.regular_names:
+            value, ts = values[position], values[position + 1]
+            if ts is not None:
+                cells[name] = Cell(value, ts)
+            position += 2
+        marker_ts, tomb_ts, view_ts = values[position:position + 3]
+        return Row(values[0], tuple(values[1:key_end]), marker_ts, tomb_ts, CellMap(cells), view_ts)
+
+    def key_equals(self, token: int, key: tuple) -> list[sa.ColumnElement[bool]]:
+        return [column == value for column, value in zip(self.key_columns, (token, *key))]
+
+    def fetch(self, conn: sa.Connection, keys: Sequence[tuple[int, tuple]]) -> dict[tuple, Row]:
+        """The stored rows (tombstones included) for the given (token, key) pairs, by lookup key."""
+        found: dict[tuple, Row] = {}
+        chunk = max(1, MAX_PARAMS_PER_STATEMENT // len(self.key_columns))
+        for start in range(0, len(keys), chunk):
+            wanted = [(token, *key) for token, key in keys[start:start + chunk]]
+            statement = sa.select(self.table).where(sa.tuple_(*self.key_columns).in_(wanted))
+            for values in conn.execute(statement):
+                row = self.from_sql(values)
+                found[_lookup_key(row.token, row.key)] = row
+        return found
+
+    def write(self, conn: sa.Connection, new_rows: list[Row], changed_rows: list[Row]) -> None:
+        if new_rows:
+            conn.execute(self.table.insert(), [self.to_params(row) for row in new_rows])
+        if changed_rows:
+            conn.execute(self._update, [self.update_params(row) for row in changed_rows])
+
+
+def _outbox_table(metadata: sa.MetaData) -> sa.Table:
+    return sa.Table(
+        "storage_outbox",
+        metadata,
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+        sa.Column("target", sa.Text, nullable=False),
+        sa.Column("payload", sa.LargeBinary, nullable=False),
+        sqlite_autoincrement=True,
+    )
+
+
+def _catalog_table(metadata: sa.MetaData) -> sa.Table:
+    return sa.Table(
+        "storage_catalog",
+        metadata,
+        sa.Column("table_id", sa.Text, primary_key=True),
+        sa.Column("spec", sa.Text, nullable=False),
+    )
+
+
+def _configure_sqlite(engine: sa.Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection, _record) -> None:
+        # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin (see on_begin).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(conn: sa.Connection) -> None:
+        immediate = conn.get_execution_options().get(_IMMEDIATE, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def create_engine(url: str | sa.URL) -> sa.Engine:
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return sa.create_engine(parsed, pool_size=10, max_overflow=30)
+    engine = sa.create_engine(
+        parsed, connect_args={"check_same_thread": False}, pool_size=10, max_overflow=30
+    )
+    _configure_sqlite(engine)
+    return engine
+
+
+class NodeStore:
+    def __init__(self, url: str | sa.URL) -> None:
+        self._engine = create_engine(url)
+        self._is_postgres = self._engine.dialect.name == "postgresql"
+        self._write_lock = threading.Lock()
+        self._tables: dict[str, PhysicalTable] = {}
+        metadata = sa.MetaData()
+        self._outbox = _outbox_table(metadata)
+        self._catalog = _catalog_table(metadata)
+        with self._write_transaction() as conn:
+            metadata.create_all(conn)
+
+    @classmethod
+    def for_data_dir(cls, data_dir: str | Path) -> NodeStore:
+        directory = Path(data_dir).resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        return cls(sa.URL.create("sqlite", database=str(directory / "storage.db")))
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> NodeStore:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @contextmanager
+    def _write_transaction(self) -> Iterator[sa.Connection]:
+        with self._write_lock, self._engine.connect() as conn:
+            conn.execution_options(**{_IMMEDIATE: True})
+            with conn.begin():
+                if self._is_postgres:
+                    conn.execute(sa.select(sa.func.pg_advisory_xact_lock(PG_WRITER_LOCK_ID)))
+                yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        with self._engine.connect() as conn:
+            yield conn
+
+    # --- tables -----------------------------------------------------------------------------------------
+
+    def ensure_table(self, spec: TableSpec) -> None:
+        """Create the table if missing; an existing table may gain regular columns, nothing else may change."""
+        physical = PhysicalTable(spec)
+        with self._write_transaction() as conn:
+            existing = self._stored_spec(conn, spec.table_id)
+            if existing is None:
+                physical.table.create(conn, checkfirst=True)
+                conn.execute(self._catalog.insert().values(table_id=spec.table_id, spec=spec_to_json(spec)))
+            elif existing != spec:
+                self._add_regular_columns(conn, existing, physical)
+                conn.execute(
+                    self._catalog.update()
+                    .where(self._catalog.c.table_id == spec.table_id)
+                    .values(spec=spec_to_json(spec))
+                )
+        self._tables[spec.table_id] = physical
+
+    def _add_regular_columns(self, conn: sa.Connection, existing: TableSpec, physical: PhysicalTable) -> None:
+        spec = physical.spec
+        added = spec.regular[len(existing.regular):]
+        if existing.key_columns != spec.key_columns or spec.regular[:len(existing.regular)] != existing.regular:
+            raise ValueError(
+                f"table {spec.table_id} exists with an incompatible schema; only appending regular columns is supported"
+            )
+        preparer = conn.dialect.identifier_preparer
+        table_name = preparer.format_table(physical.table)
+        for column in added:
+            for name in (value_column_name(column.name), ts_column_name(column.name)):
+                sql_column = physical.table.c[name]
+                sql_type = sql_column.type.compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {table_name} ADD COLUMN {preparer.format_column(sql_column)} {sql_type}")
+
+    def drop_table(self, table_id: str) -> None:
+        with self._write_transaction() as conn:
+            sa.Table(physical_table_name(table_id), sa.MetaData()).drop(conn, checkfirst=True)
+            conn.execute(self._catalog.delete().where(self._catalog.c.table_id == table_id))
+        self._tables.pop(table_id, None)
+
+    def has_table(self, table_id: str) -> bool:
+        with self._read() as conn:
+            return self._stored_spec(conn, table_id) is not None
+
+    def table_spec(self, table_id: str) -> TableSpec:
+        return self._physical(table_id).spec
+
+    def _stored_spec(self, conn: sa.Connection, table_id: str) -> TableSpec | None:
+        text = conn.execute(sa.select(self._catalog.c.spec).where(self._catalog.c.table_id == table_id)).scalar()
+        return None if text is None else spec_from_json(text)
+
+    def _physical(self, table_id: str) -> PhysicalTable:
+        physical = self._tables.get(table_id)
+        if physical is not None:
+            return physical
+        with self._read() as conn:
+            spec = self._stored_spec(conn, table_id)
+        if spec is None:
+            raise KeyError(f"unknown table {table_id}")
+        physical = PhysicalTable(spec)
+        self._tables.setdefault(table_id, physical)
+        return physical
+
+    # --- writes -----------------------------------------------------------------------------------------
+
+    def apply(self, table_id: str, mutations: Sequence[Row], derive: Derive | None = None) -> ApplyResult:
+        """Merge a batch of mutations into the table in one transaction, with the derived outbox entries.
+
+        `derive(previous_or_None, merged)` is called for every mutation that changes the stored state; it
+        runs inside the write transaction (it must not write to this store) and an exception rolls back
+        the whole batch.
+        """
+        physical = self._physical(table_id)
+        batch = [physical.normalise(mutation) for mutation in mutations]
+        if not batch:
+            return ApplyResult(0, ())
+        with self._write_transaction() as conn:
+            unique_keys = list({_lookup_key(m.token, m.key): (m.token, m.key) for m in batch}.values())
+            stored = physical.fetch(conn, unique_keys)
+            current = dict(stored)
+            outbox_rows: list[dict[str, object]] = []
+            changed = 0
+            for mutation in batch:
+                lookup = _lookup_key(mutation.token, mutation.key)
+                previous = current.get(lookup)
+                merged = self._merged(previous, mutation)
+                if merged is None:
+                    continue
+                current[lookup] = merged
+                changed += 1
+                if derive is not None:
+                    outbox_rows += [{"target": t, "payload": bytes(p)} for t, p in derive(previous, merged)]
+            written = [lookup for lookup, row in current.items() if stored.get(lookup) is not row]
+            physical.write(
+                conn,
+                new_rows=[current[lookup] for lookup in written if lookup not in stored],
+                changed_rows=[current[lookup] for lookup in written if lookup in stored],
+            )
+            outbox_ids = self._insert_outbox(conn, outbox_rows)
+        return ApplyResult(changed, outbox_ids)
+
+    @staticmethod
+    def _merged(previous: Row | None, mutation: Row) -> Row | None:
+        """The new state of the row with its view_ts, or None when the mutation changes nothing."""
+        if previous is None:
+            if is_empty(mutation):
+                return None
+            merged = mutation
+        elif changes_state(previous, mutation):
+            merged = merge(previous, mutation)
+        else:
+            return None
+        return with_view_ts(merged, next_view_ts(previous, mutation))
+
+    def _insert_outbox(self, conn: sa.Connection, rows: list[dict[str, object]]) -> tuple[int, ...]:
+        if not rows:
+            return ()
+        # Writers are serialised, so the ids of one batch are consecutive and ascend in insertion order.
+        statement = self._outbox.insert().returning(self._outbox.c.id)
+        return tuple(sorted(conn.execute(statement, rows).scalars()))
+
+    # --- reads ------------------------------------------------------------------------------------------
+
+    def get(self, table_id: str, token: int, key: tuple, include_tombstones: bool = False) -> Row | None:
+        physical = self._physical(table_id)
+        statement = sa.select(physical.table).where(*physical.key_equals(_check_token(token), physical.full_key(key)))
+        with self._read() as conn:
+            values = conn.execute(statement).first()
+        if values is None:
+            return None
+        row = physical.from_sql(values)
+        return row if include_tombstones or is_live(row) else None
+
+    def scan(
+        self,
+        table_id: str,
+        first_token: int,
+        last_token: int,
+        *,
+        partition_key: tuple | None = None,
+        after: tuple[int, tuple] | None = None,
+        limit: int | None = None,
+        include_tombstones: bool = False,
+    ) -> list[Row]:
+        """Rows with first_token <= token <= last_token ordered by (token, key).
+
+        `partition_key` restricts the scan to one partition; `after` = (token, key or key prefix) resumes
+        strictly after every row whose key starts with that prefix.
+        """
+        physical = self._physical(table_id)
+        table = physical.table
+        conditions = [table.c.token >= _check_token(first_token), table.c.token <= _check_token(last_token)]
+        if partition_key is not None:
+            pk_columns = physical.spec.partition_key
+            values = physical.coerce_key(partition_key, pk_columns)
+            if len(values) != len(pk_columns):
+                raise ValueError(f"partition key {partition_key!r} must have {len(pk_columns)} components")
+            conditions += [table.c[value_column_name(c.name)] == v for c, v in zip(pk_columns, values)]
+        if after is not None:
+            after_token, after_key = after
+            prefix = (_check_token(after_token), *physical.coerce_key(after_key, physical.spec.key_columns))
+            conditions.append(sa.tuple_(*physical.key_columns[:len(prefix)]) > sa.tuple_(*prefix))
+        if not include_tombstones:
+            conditions.append(sa.not_(table.c.tombstone))
+        statement = sa.select(table).where(*conditions).order_by(*physical.key_columns).limit(limit)
+        with self._read() as conn:
+            return [physical.from_sql(values) for values in conn.execute(statement)]
+
+    def count(self, table_id: str, first_token: int | None = None, last_token: int | None = None) -> int:
+        """The number of live rows, optionally within an inclusive token range."""
+        table = self._physical(table_id).table
+        conditions = [sa.not_(table.c.tombstone)]
+        if first_token is not None:
+            conditions.append(table.c.token >= _check_token(first_token))
+        if last_token is not None:
+            conditions.append(table.c.token <= _check_token(last_token))
+        with self._read() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(table).where(*conditions)).scalar_one()
+
+    # --- outbox -----------------------------------------------------------------------------------------
+
+    def outbox_pending(self, limit: int = 1000) -> list[OutboxEntry]:
+        """The oldest unacknowledged outbox entries."""
+        outbox = self._outbox
+        statement = sa.select(outbox.c.id, outbox.c.target, outbox.c.payload).order_by(outbox.c.id).limit(limit)
+        with self._read() as conn:
+            return [OutboxEntry(id, target, bytes(payload)) for id, target, payload in conn.execute(statement)]
+
+    def outbox_ack(self, ids: Sequence[int]) -> None:
+        ids = list(ids)
+        if not ids:
+            return
+        with self._write_transaction() as conn:
+            for start in range(0, len(ids), MAX_PARAMS_PER_STATEMENT):
+                chunk = ids[start:start + MAX_PARAMS_PER_STATEMENT]
+                conn.execute(self._outbox.delete().where(self._outbox.c.id.in_(chunk)))
+
+    def outbox_size(self) -> int:
+        with self._read() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(self._outbox)).scalar_one()

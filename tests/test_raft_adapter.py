@@ -1,0 +1,318 @@
+"""Tests of coordinator.raft.Group0 against real pysyncobj members on loopback."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from coordinator.raft import DUMP_FILE, Group0, Group0Unavailable, StateMachineError
+
+PASSWORD = "group0-test-secret"
+ELECTION_TIMEOUT = 10.0
+
+
+class KeyValue:
+    """Test state machine: a dict; commands deduplicated by cmd_id; every apply call is counted."""
+
+    def __init__(self):
+        self.data: dict[str, object] = {}
+        self.outcomes: dict[str, tuple] = {}
+        self.apply_calls = 0
+
+    def apply(self, command: dict) -> tuple:
+        self.apply_calls += 1
+        cmd_id = command["cmd_id"]
+        if cmd_id in self.outcomes:
+            return self.outcomes[cmd_id]
+        if command["op"] == "bug":
+            raise RuntimeError("deliberate state machine bug")
+        if command["op"] == "put":
+            self.data[command["key"]] = command["value"]
+            outcome = ("ok", command["value"])
+        else:
+            outcome = ("error", f"unknown op {command['op']!r}")
+        self.outcomes[cmd_id] = outcome
+        return outcome
+
+    def snapshot(self) -> tuple:
+        return dict(self.data), dict(self.outcomes), self.apply_calls
+
+
+def put(key: str, value: object, cmd_id: str | None = None) -> dict:
+    return {"op": "put", "key": key, "value": value, "cmd_id": cmd_id or f"put-{key}-{value}"}
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Observe external state (elections, files) by polling; never used to order Raft operations."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+class Cluster:
+    """Three Group0 members in this process, restartable on the same ports and data dirs."""
+
+    def __init__(self, root: Path, size: int = 3):
+        self.ids = [f"n{i}" for i in range(1, size + 1)]
+        self.addrs = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(self.ids, free_loopback_ports(size))}
+        self.dirs = {node_id: root / node_id for node_id in self.ids}
+        self.members: dict[str, Group0] = {}
+        self.applied_reports: dict[str, list[int]] = {}
+
+    def start(self) -> None:
+        for node_id in self.ids:
+            self.start_member(node_id)
+
+    def start_member(self, node_id: str) -> Group0:
+        reports = self.applied_reports[node_id] = []
+        member = Group0(node_id=node_id, raft_addr=self.addrs[node_id],
+                        peers={other: addr for other, addr in self.addrs.items() if other != node_id},
+                        data_dir=self.dirs[node_id], state_machine=KeyValue(), password=PASSWORD,
+                        on_applied=reports.append)
+        self.members[node_id] = member
+        member.start()
+        return member
+
+    def close_member(self, node_id: str) -> None:
+        self.members.pop(node_id).close()
+
+    def close_all(self) -> None:
+        for node_id in list(self.members):
+            self.close_member(node_id)
+
+    def restart_all(self) -> None:
+        self.close_all()
+        self.start()
+
+    def running(self) -> list[Group0]:
+        return list(self.members.values())
+
+    def wait_for_leader(self, timeout: float = ELECTION_TIMEOUT) -> Group0:
+        def agreed_leader() -> Group0 | None:
+            leader_ids = {member.leader_id for member in self.running()}
+            leader = self.members.get(leader_ids.pop()) if len(leader_ids) == 1 else None
+            return leader if leader is not None and leader.is_leader else None
+
+        wait_until(agreed_leader, timeout, "all running members to agree on one leader")
+        return agreed_leader()
+
+    def follower(self) -> Group0:
+        return next(member for member in self.running() if not member.is_leader)
+
+    def states(self) -> dict[str, tuple]:
+        return {node_id: (member.applied_index, member.read(KeyValue.snapshot))
+                for node_id, member in self.members.items()}
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    group = Cluster(tmp_path)
+    try:
+        group.start()
+        yield group
+    finally:
+        group.close_all()
+
+
+def test_one_leader_is_elected_and_known_by_node_id(cluster):
+    leader = cluster.wait_for_leader()
+
+    assert [member.is_leader for member in cluster.running()].count(True) == 1
+    assert leader.term >= 1
+    status = cluster.follower().status()
+    assert status["leader_id"] == leader.node_id and status["state"] == "follower"
+    assert status["term"] == leader.term
+    assert set(status["peers"]) == set(cluster.ids) - {status["node_id"]}
+
+
+def test_proposals_from_leader_and_follower_apply_on_every_member(cluster):
+    leader = cluster.wait_for_leader()
+    follower = cluster.follower()
+
+    assert leader.propose(put("a", 1)) == ("ok", 1)
+    assert follower.propose(put("b", 2)) == ("ok", 2)
+    assert follower.propose({"op": "nope", "cmd_id": "c1"}) == ("error", "unknown op 'nope'")
+
+    for member in cluster.running():
+        assert member.wait_applied(3, timeout=5.0)
+        assert member.read(lambda kv: kv.data) == {"a": 1, "b": 2}
+    assert all(reports == [1, 2, 3] for reports in cluster.applied_reports.values())
+
+
+def test_retried_command_is_replicated_again_and_deduplicated_by_the_state_machine(cluster):
+    leader = cluster.wait_for_leader()
+    command = put("k", "v", cmd_id="same-id")
+
+    assert leader.propose(command) == ("ok", "v")
+    assert cluster.follower().propose(command) == ("ok", "v")
+
+    assert command == put("k", "v", cmd_id="same-id")  # propose never mutates the command
+    assert leader.read(lambda kv: kv.apply_calls) == 2 and leader.applied_index == 2
+
+
+def test_barrier_on_follower_sees_value_committed_via_leader(cluster):
+    leader = cluster.wait_for_leader()
+    follower = cluster.follower()
+
+    for value in range(20):
+        leader.propose(put("x", value))
+    applied = follower.barrier()
+
+    assert applied == 20
+    assert follower.read(lambda kv: kv.data["x"]) == 19
+
+
+def test_wait_applied_times_out_for_an_index_not_reached(cluster):
+    cluster.wait_for_leader()
+    started = time.monotonic()
+
+    assert not cluster.follower().wait_applied(1, timeout=0.2)
+    assert time.monotonic() - started < 2.0
+
+
+def test_state_machine_bug_is_raised_to_proposer_and_counted_everywhere(cluster):
+    leader = cluster.wait_for_leader()
+
+    with pytest.raises(StateMachineError, match="deliberate state machine bug"):
+        leader.propose({"op": "bug", "cmd_id": "bug-1"})
+    assert leader.propose(put("after", "bug")) == ("ok", "bug")
+
+    indexes = {member.barrier() for member in cluster.running()}
+    assert indexes == {2}
+
+
+def test_full_restart_replays_the_journal_without_double_apply(cluster):
+    leader = cluster.wait_for_leader()
+    follower = cluster.follower()
+    for value in range(10):
+        leader.propose(put(f"l{value}", value))
+        follower.propose(put(f"f{value}", value))
+    leader.propose(put("l0", 0))  # a duplicate: applied (counted) but deduplicated
+    for member in cluster.running():
+        member.barrier()
+    before = cluster.states()
+
+    cluster.restart_all()
+    cluster.wait_for_leader()
+    for member in cluster.running():
+        member.barrier()
+
+    assert cluster.states() == before
+    assert all(state == before["n1"] for state in before.values()) and before["n1"][0] == 21
+    assert cluster.follower().propose(put("new", 1)) == ("ok", 1)
+
+
+def journal_is_compacted(member: Group0, commands: int) -> bool:
+    """The journal holds fewer entries than the commands applied: a full dump holds the rest."""
+    return member.status()["log_len"] < commands
+
+
+def test_full_restart_restores_the_state_machine_from_the_full_dump(cluster):
+    leader = cluster.wait_for_leader()
+    for value in range(30):
+        leader.propose(put(f"k{value}", value))
+    for member in cluster.running():
+        member.barrier()
+        member.force_log_compaction()
+    wait_until(lambda: all(journal_is_compacted(member, 30) for member in cluster.running()), 10.0,
+               "every member to write its full dump and truncate its journal")
+    assert all((cluster.dirs[node_id] / DUMP_FILE).is_file() for node_id in cluster.ids)
+    leader.propose(put("after-dump", 1))
+    for member in cluster.running():
+        member.barrier()
+    before = cluster.states()
+
+    cluster.restart_all()
+    cluster.wait_for_leader()
+    for member in cluster.running():
+        member.barrier()
+
+    assert cluster.states() == before
+    assert all(journal_is_compacted(member, 30) for member in cluster.running())  # the dump did the work
+    assert all(reports[0] == 30 for reports in cluster.applied_reports.values())  # restore is reported
+    assert cluster.follower().propose(put("new", 2)) == ("ok", 2)
+
+
+def test_new_leader_is_elected_after_the_leader_closes(cluster):
+    old_leader = cluster.wait_for_leader()
+    old_leader.propose(put("before", 1))
+    old_term = old_leader.term
+
+    cluster.close_member(old_leader.node_id)
+    new_leader = cluster.wait_for_leader()
+
+    assert new_leader.node_id != old_leader.node_id and new_leader.term > old_term
+    survivor = cluster.follower()
+    assert new_leader.propose(put("after", 1)) == ("ok", 1)
+    assert survivor.propose(put("after", 2)) == ("ok", 2)
+    survivor.barrier()
+    assert survivor.read(lambda kv: kv.data) == {"before": 1, "after": 2}
+
+
+def test_proposal_without_quorum_raises_unavailable_within_timeout(cluster):
+    cluster.wait_for_leader()
+    survivor_id, *stopped = cluster.ids
+    for node_id in stopped:
+        cluster.close_member(node_id)
+    survivor = cluster.members[survivor_id]
+
+    started = time.monotonic()
+    with pytest.raises(Group0Unavailable, match="2 of 3 members unreachable") as raised:
+        survivor.propose(put("lost", 1), timeout=1.5)
+
+    assert 1.5 <= time.monotonic() - started < 3.0
+    assert all(node_id in str(raised.value) for node_id in stopped)
+    with pytest.raises(Group0Unavailable):
+        survivor.barrier(timeout=0.5)
+
+
+def test_close_fails_pending_proposals_and_later_calls(cluster):
+    cluster.wait_for_leader()
+    survivor_id, *stopped = cluster.ids
+    for node_id in stopped:
+        cluster.close_member(node_id)
+    survivor = cluster.members[survivor_id]
+    errors: list[Exception] = []
+    proposer = threading.Thread(target=lambda: _capture(errors, survivor.propose, put("p", 1), timeout=30.0))
+    proposer.start()
+    wait_until(lambda: survivor._pending, 5.0, "the proposal to be submitted")
+
+    survivor.close()
+    proposer.join(timeout=5.0)
+
+    assert not proposer.is_alive() and "closed" in str(errors[0])
+    with pytest.raises(Group0Unavailable, match="closed"):
+        survivor.propose(put("q", 1))
+    assert not survivor.wait_applied(1, timeout=0.1)
+    survivor.close()  # idempotent
+
+
+def _capture(errors: list[Exception], fn: Callable, *args, **kwargs) -> None:
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:
+        errors.append(error)
+
+
+def test_rejects_membership_that_lists_this_node_as_a_peer(tmp_path):
+    with pytest.raises(ValueError, match="other members only"):
+        Group0(node_id="n1", raft_addr="127.0.0.1:1", peers={"n1": "127.0.0.1:1"}, data_dir=tmp_path,
+               state_machine=KeyValue(), password=PASSWORD)
+    with pytest.raises(ValueError, match="password"):
+        Group0(node_id="n1", raft_addr="127.0.0.1:1", peers={"n2": "127.0.0.1:2"}, data_dir=tmp_path,
+               state_machine=KeyValue(), password="")

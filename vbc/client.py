@@ -1,0 +1,306 @@
+"""Connection helpers: gRPC channels to vbc nodes, fail-over across addresses, and Python-shaped results."""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Callable, Iterable, TypeVar
+
+import grpc
+
+from vbc.values import row_from_proto
+from vbcpb import vbc_pb2 as pb
+from vbcpb import vbc_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+CLUSTER_FILE = "cluster.json"
+DEFAULT_TIMEOUT = 30.0
+PROBE_TIMEOUT = 0.5
+
+# Reconnect quickly to a node that was down (tests stop and restart nodes), accept large SELECTs.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+_channels: dict[str, grpc.Channel] = {}
+_channels_lock = threading.Lock()
+
+
+class ClusterFileError(Exception):
+    """cluster.json is missing or malformed."""
+
+
+# ------------------------------------------------------------------ channels
+
+
+def connect(addr: str) -> grpc.Channel:
+    """An insecure channel to `addr` (HOST:PORT), cached per address for the life of the process."""
+    with _channels_lock:
+        channel = _channels.get(addr)
+        if channel is None:
+            channel = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+            _channels[addr] = channel
+        return channel
+
+
+def close_all() -> None:
+    """Close every cached channel (they are re-created on the next `connect`)."""
+    with _channels_lock:
+        channels = list(_channels.values())
+        _channels.clear()
+    for channel in channels:
+        channel.close()
+
+
+def client_stub(addr: str) -> pb_grpc.ClientStub:
+    return pb_grpc.ClientStub(connect(addr))
+
+
+def admin_stub(addr: str) -> pb_grpc.AdminStub:
+    return pb_grpc.AdminStub(connect(addr))
+
+
+def internode_stub(addr: str) -> pb_grpc.InternodeStub:
+    return pb_grpc.InternodeStub(connect(addr))
+
+
+# ------------------------------------------------------------------ cluster.json
+
+
+def read_cluster_file(data_dir: str | Path) -> dict:
+    """The parsed DIR/cluster.json written by `vbc cluster up`."""
+    path = Path(data_dir) / CLUSTER_FILE
+    try:
+        cluster = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ClusterFileError(f"{path} not found: is there a cluster started with 'vbc cluster up' in {data_dir}?") from None
+    except json.JSONDecodeError as exc:
+        raise ClusterFileError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("nodes"), list):
+        raise ClusterFileError(f"{path} has no 'nodes' list")
+    for node in cluster["nodes"]:
+        if not isinstance(node, dict) or not node.get("id") or not node.get("grpc"):
+            raise ClusterFileError(f"{path}: every node needs an 'id' and a 'grpc' address, got {node!r}")
+    return cluster
+
+
+def addresses_from_cluster(data_dir: str | Path) -> list[str]:
+    """The gRPC addresses of every node listed in DIR/cluster.json, in file order."""
+    return [node["grpc"] for node in read_cluster_file(data_dir)["nodes"]]
+
+
+def node_address_from_cluster(data_dir: str | Path, node_id: str) -> str | None:
+    """The gRPC address of node `node_id` in DIR/cluster.json, or None when it is not listed."""
+    for node in read_cluster_file(data_dir)["nodes"]:
+        if node["id"] == node_id:
+            return node["grpc"]
+    return None
+
+
+# ------------------------------------------------------------------ fail-over
+
+
+def as_addresses(addr_or_addrs: str | Iterable[str]) -> list[str]:
+    addresses = [addr_or_addrs] if isinstance(addr_or_addrs, str) else list(addr_or_addrs)
+    if not addresses:
+        raise ValueError("no node address given")
+    return addresses
+
+
+def is_connected(addr: str, timeout: float = PROBE_TIMEOUT) -> bool:
+    """Whether the channel to `addr` is (or becomes within `timeout`) connected."""
+    try:
+        grpc.channel_ready_future(connect(addr)).result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+
+
+def is_unreachable(addr: str, error: grpc.RpcError) -> bool:
+    """Whether `error` means the node could not be reached (so another node may be tried)."""
+    code = error.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    return code == grpc.StatusCode.DEADLINE_EXCEEDED and not is_connected(addr)
+
+
+def call_any(addresses: str | Iterable[str], fn: Callable[[str], T]) -> T:
+    """`fn(addr)` on the first address that answers; an unreachable node moves on to the next one.
+
+    Any other gRPC error is raised at once; when no node answers, the last error is raised.
+    """
+    last_error: grpc.RpcError | None = None
+    for addr in as_addresses(addresses):
+        try:
+            return fn(addr)
+        except grpc.RpcError as error:
+            if not is_unreachable(addr, error):
+                raise
+            last_error = error
+    assert last_error is not None
+    raise last_error
+
+
+def error_text(error: grpc.RpcError) -> str:
+    """`CODE: details` of a gRPC error, as the command line prints it."""
+    code = error.code()
+    name = code.name if code is not None else "UNKNOWN"
+    return f"{name}: {error.details() or ''}".rstrip()
+
+
+# ------------------------------------------------------------------ Client service
+
+
+def execute_response(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT) -> pb.ExecuteResponse:
+    """The raw ExecuteResponse of `statement`, run on the first reachable node."""
+    request = pb.ExecuteRequest(statement=statement)
+    return call_any(addr_or_addrs, lambda addr: client_stub(addr).Execute(request, timeout=timeout))
+
+
+def result_from_response(response: pb.ExecuteResponse) -> tuple[list[str], list[list], str]:
+    columns = [column.name for column in response.columns]
+    rows = [row_from_proto(row) for row in response.rows]
+    return columns, rows, response.message
+
+
+def execute(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[list[str], list[list], str]:
+    """Run one statement: (column names, rows as lists of Python values, message)."""
+    return result_from_response(execute_response(addr_or_addrs, statement, timeout))
+
+
+def rows_as_dicts(columns: list[str], rows: list[list]) -> list[dict]:
+    return [dict(zip(columns, row)) for row in rows]
+
+
+def query(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT) -> list[dict]:
+    """Run a SELECT: its rows as {column: value} dicts."""
+    columns, rows, _ = execute(addr_or_addrs, statement, timeout)
+    return rows_as_dicts(columns, rows)
+
+
+# ------------------------------------------------------------------ Admin service
+
+
+def node_status_to_dict(node: pb.NodeStatus) -> dict:
+    return {
+        "id": node.id,
+        "grpc": node.grpc,
+        "raft": node.raft,
+        "alive": node.alive,
+        "shards": node.shards,
+        "schema_version": node.schema_version,
+        "pending_view_updates": node.pending_view_updates,
+    }
+
+
+def view_status_to_dict(view: pb.ViewStatus) -> dict:
+    return {
+        "name": view.name,
+        "base": view.base,
+        "state": view.state,
+        "is_index": view.is_index,
+        "tasks_total": view.tasks_total,
+        "tasks_done": view.tasks_done,
+        "progress": view.progress,
+        "hosts": dict(sorted(view.hosts.items())),
+    }
+
+
+def status_to_dict(response: pb.StatusResponse) -> dict:
+    """The JSON shape of `vbc status --json`."""
+    return {
+        "leader": response.leader,
+        "term": response.term,
+        "answered_by": response.answered_by,
+        "schema_version": response.schema_version,
+        "nodes": [node_status_to_dict(node) for node in response.nodes],
+        "views": [view_status_to_dict(view) for view in response.views],
+    }
+
+
+def status_response(addr_or_addrs, timeout: float = 10.0) -> pb.StatusResponse:
+    return call_any(addr_or_addrs, lambda addr: admin_stub(addr).Status(pb.StatusRequest(), timeout=timeout))
+
+
+def status(addr_or_addrs, timeout: float = 10.0) -> dict:
+    """Admin.Status of the first reachable node, as a dict (see `status_to_dict`)."""
+    return status_to_dict(status_response(addr_or_addrs, timeout))
+
+
+def tablet_to_dict(tablet: pb.TabletInfo) -> dict:
+    return {
+        "tablet": tablet.tablet,
+        "first_token": tablet.first_token,
+        "last_token": tablet.last_token,
+        "replicas": list(tablet.replicas),
+    }
+
+
+def tablets(addr_or_addrs, table: str, timeout: float = 10.0) -> list[dict]:
+    """The tablets of `table` ("ks.name"), one dict per tablet."""
+    request = pb.TabletsRequest(table=table)
+    response = call_any(addr_or_addrs, lambda addr: admin_stub(addr).Tablets(request, timeout=timeout))
+    return [tablet_to_dict(tablet) for tablet in response.tablets]
+
+
+INJECT_ACTIONS = {
+    "enable": pb.InjectRequest.ENABLE,
+    "disable": pb.InjectRequest.DISABLE,
+    "wait_hit": pb.InjectRequest.WAIT_HIT,
+    "list": pb.InjectRequest.LIST,
+}
+
+
+def injection_point_to_dict(point: pb.InjectionPoint) -> dict:
+    return {"name": point.name, "enabled": point.enabled, "mode": point.mode, "one_shot": point.one_shot, "hits": point.hits}
+
+
+def inject_response_to_dict(response: pb.InjectResponse) -> dict:
+    return {"node": response.node, "hit": response.hit, "points": [injection_point_to_dict(p) for p in response.points]}
+
+
+def inject(
+    addr_or_addrs,
+    name: str = "",
+    action: str = "enable",
+    mode: str = "",
+    one_shot: bool = False,
+    wait_timeout: float = 0.0,
+    timeout: float = 10.0,
+) -> dict:
+    """Admin.Inject: action is enable | disable | wait_hit | list; WAIT_HIT blocks up to `wait_timeout` s."""
+    request = pb.InjectRequest(
+        name=name, action=INJECT_ACTIONS[action], mode=mode, one_shot=one_shot, timeout=wait_timeout
+    )
+    deadline = max(timeout, wait_timeout + 5.0) if action == "wait_hit" else timeout
+    response = call_any(addr_or_addrs, lambda addr: admin_stub(addr).Inject(request, timeout=deadline))
+    return inject_response_to_dict(response)
+
+
+def node_address(addr_or_addrs, node_id: str, timeout: float = 10.0) -> str:
+    """The gRPC address of node `node_id`, from Admin.Status of a reachable node."""
+    for node in status(addr_or_addrs, timeout)["nodes"]:
+        if node["id"] == node_id:
+            return node["grpc"]
+    raise LookupError(f"node {node_id!r} is not a member of the cluster")
+
+
+# ------------------------------------------------------------------ Internode (readiness probes)
+
+
+def local_status(addr: str, timeout: float = 2.0) -> dict:
+    """Internode.LocalStatus of one node, as a dict."""
+    response = internode_stub(addr).LocalStatus(pb.LocalStatusRequest(), timeout=timeout)
+    return {
+        "node_id": response.node_id,
+        "schema_version": response.schema_version,
+        "applied_index": response.applied_index,
+        "pending_view_updates": response.pending_view_updates,
+        "term": response.term,
+        "leader": response.leader,
+    }

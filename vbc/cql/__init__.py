@@ -1,0 +1,48 @@
+"""CQL front end: parse statement text into the immutable AST in vbc.cql.ast."""
+
+from .ast import (
+    AlterKeyspace,
+    Batch,
+    ColumnDef,
+    CreateIndex,
+    CreateKeyspace,
+    CreateTable,
+    CreateView,
+    Delete,
+    DropIndex,
+    DropKeyspace,
+    DropTable,
+    DropView,
+    Insert,
+    Literal,
+    QualifiedName,
+    Relation,
+    Select,
+    Statement,
+    Update,
+)
+from .parser import CqlSyntaxError, parse
+
+__all__ = [
+    "parse",
+    "CqlSyntaxError",
+    "Literal",
+    "QualifiedName",
+    "ColumnDef",
+    "Relation",
+    "CreateKeyspace",
+    "AlterKeyspace",
+    "CreateTable",
+    "CreateView",
+    "CreateIndex",
+    "Insert",
+    "Update",
+    "Delete",
+    "Select",
+    "Batch",
+    "DropKeyspace",
+    "DropTable",
+    "DropView",
+    "DropIndex",
+    "Statement",
+]

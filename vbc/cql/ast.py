@@ -1,0 +1,189 @@
+"""Immutable AST node classes produced by the CQL parser (standard library only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Literal = int | float | str | bool | None
+
+__all__ = [
+    "Literal",
+    "QualifiedName",
+    "ColumnDef",
+    "Relation",
+    "CreateKeyspace",
+    "AlterKeyspace",
+    "CreateTable",
+    "CreateView",
+    "CreateIndex",
+    "Insert",
+    "Update",
+    "Delete",
+    "Select",
+    "Batch",
+    "DropKeyspace",
+    "DropTable",
+    "DropView",
+    "DropIndex",
+    "Statement",
+]
+
+
+@dataclass(frozen=True)
+class QualifiedName:
+    """A possibly keyspace-qualified object name; ``keyspace`` is None when bare."""
+
+    keyspace: str | None
+    name: str
+
+    def __str__(self) -> str:
+        return self.name if self.keyspace is None else f"{self.keyspace}.{self.name}"
+
+
+@dataclass(frozen=True)
+class ColumnDef:
+    """A column in CREATE TABLE; ``type`` is normalised (e.g. varchar -> text)."""
+
+    name: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Relation:
+    """One WHERE restriction.
+
+    ``op`` is one of '=', '!=', '<', '<=', '>', '>=', 'IN' (``value`` is a tuple)
+    or 'IS NOT NULL' (``value`` is None).
+    """
+
+    column: str
+    op: str
+    value: Literal | tuple[Literal, ...] | None
+
+
+@dataclass(frozen=True)
+class CreateKeyspace:
+    name: str
+    replication: dict
+    tablets: dict
+    if_not_exists: bool
+
+
+@dataclass(frozen=True)
+class AlterKeyspace:
+    name: str
+    replication: dict
+
+
+@dataclass(frozen=True)
+class CreateTable:
+    table: QualifiedName
+    columns: tuple[ColumnDef, ...]
+    partition_key: tuple[str, ...]
+    clustering_key: tuple[str, ...]
+    if_not_exists: bool
+
+
+@dataclass(frozen=True)
+class CreateView:
+    """CREATE MATERIALIZED VIEW; ``columns`` is None for ``SELECT *``."""
+
+    view: QualifiedName
+    base: QualifiedName
+    columns: tuple[str, ...] | None
+    where: tuple[Relation, ...]
+    partition_key: tuple[str, ...]
+    clustering_key: tuple[str, ...]
+    if_not_exists: bool
+
+
+@dataclass(frozen=True)
+class CreateIndex:
+    name: str | None
+    table: QualifiedName
+    column: str
+    if_not_exists: bool
+
+
+@dataclass(frozen=True)
+class Insert:
+    table: QualifiedName
+    columns: tuple[str, ...]
+    values: tuple[Literal, ...]
+    timestamp: int | None
+
+
+@dataclass(frozen=True)
+class Update:
+    table: QualifiedName
+    assignments: tuple[tuple[str, Literal], ...]
+    where: tuple[Relation, ...]
+    timestamp: int | None
+
+
+@dataclass(frozen=True)
+class Delete:
+    table: QualifiedName
+    where: tuple[Relation, ...]
+    timestamp: int | None
+
+
+@dataclass(frozen=True)
+class Select:
+    """SELECT; ``columns`` is None for ``*`` and ``count`` is True for COUNT(*)."""
+
+    table: QualifiedName
+    columns: tuple[str, ...] | None
+    count: bool
+    where: tuple[Relation, ...]
+    limit: int | None
+    allow_filtering: bool
+    allow_stale: bool
+
+
+@dataclass(frozen=True)
+class Batch:
+    statements: tuple[Insert | Update | Delete, ...]
+    timestamp: int | None
+
+
+@dataclass(frozen=True)
+class DropKeyspace:
+    name: str
+    if_exists: bool
+
+
+@dataclass(frozen=True)
+class DropTable:
+    table: QualifiedName
+    if_exists: bool
+
+
+@dataclass(frozen=True)
+class DropView:
+    view: QualifiedName
+    if_exists: bool
+
+
+@dataclass(frozen=True)
+class DropIndex:
+    index: QualifiedName
+    if_exists: bool
+
+
+Statement = (
+    CreateKeyspace
+    | AlterKeyspace
+    | CreateTable
+    | CreateView
+    | CreateIndex
+    | Insert
+    | Update
+    | Delete
+    | Select
+    | Batch
+    | DropKeyspace
+    | DropTable
+    | DropView
+    | DropIndex
+)

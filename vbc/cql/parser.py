@@ -1,0 +1,654 @@
+"""CQL text -> vbc.cql.ast statements: the lark LALR parser, AST building and readable syntax errors."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, NoReturn
+
+from lark import Lark, Token, Transformer
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.lexer import PatternStr
+
+from .ast import (
+    AlterKeyspace,
+    Batch,
+    ColumnDef,
+    CreateIndex,
+    CreateKeyspace,
+    CreateTable,
+    CreateView,
+    Delete,
+    DropIndex,
+    DropKeyspace,
+    DropTable,
+    DropView,
+    Insert,
+    QualifiedName,
+    Relation,
+    Select,
+    Statement,
+    Update,
+)
+
+__all__ = ["CqlSyntaxError", "parse", "ALLOWED_TYPES"]
+
+
+class CqlSyntaxError(ValueError):
+    """A statement that cannot be parsed; ``str(err)`` is a human-readable message.
+
+    ``line``/``column`` (1-based) locate the problem when known; ``reason`` is the
+    message without the position prefix.
+    """
+
+    def __init__(self, reason: str, line: int | None = None, column: int | None = None) -> None:
+        self.reason = reason
+        self.line = line
+        self.column = column
+        super().__init__(reason if line is None else f"line {line}:{column}: {reason}")
+
+
+# Column types accepted by CREATE TABLE, mapped to their canonical name.
+_TYPE_ALIASES = {
+    "int": "int",
+    "bigint": "bigint",
+    "text": "text",
+    "varchar": "text",
+    "boolean": "boolean",
+    "double": "double",
+    "timestamp": "timestamp",
+}
+ALLOWED_TYPES = ("int", "bigint", "text", "boolean", "double", "timestamp")
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+# --------------------------------------------------------------------------
+# Internal building blocks (never escape this module).
+
+
+@dataclass(frozen=True, slots=True)
+class _At:
+    """A value plus the source position it came from, for error messages."""
+
+    value: Any
+    line: int
+    column: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ColumnSpec:
+    name: _At
+    type: str
+    inline_pk: _At | None
+
+
+@dataclass(frozen=True, slots=True)
+class _PrimaryKey:
+    partition: tuple[_At, ...]
+    clustering: tuple[_At, ...]
+    line: int
+    column: int
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_STAR = _Marker("*")
+_COUNT_STAR = _Marker("COUNT(*)")
+
+
+def _fail(reason: str, at: Any = None) -> NoReturn:
+    if at is None:
+        raise CqlSyntaxError(reason)
+    raise CqlSyntaxError(reason, at.line, at.column)
+
+
+def _present(children: Iterable[Any]) -> list[Any]:
+    """Drop kept punctuation/keyword tokens and absent-optional placeholders."""
+    return [c for c in children if c is not None and not isinstance(c, Token)]
+
+
+def _first_token(children: Iterable[Any]) -> Token:
+    return next(c for c in children if isinstance(c, Token))
+
+
+def _check_unique(names: Iterable[_At], what: str) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n.value in seen:
+            _fail(f"duplicate column {n.value!r}: it appears more than once in {what}", n)
+        seen.add(n.value)
+
+
+def _values(ats: Iterable[_At]) -> tuple[Any, ...]:
+    return tuple(a.value for a in ats)
+
+
+def _qual(at: _At) -> QualifiedName:
+    return at.value
+
+
+def _key_parts(pk: _PrimaryKey) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    _check_unique(pk.partition + pk.clustering, "PRIMARY KEY")
+    return _values(pk.partition), _values(pk.clustering)
+
+
+class _Builder(Transformer):
+    """Embedded LALR callbacks building the AST bottom-up.
+
+    Stateless (no attributes are written), so one shared instance is safe to
+    use from many threads at once.
+    """
+
+    # ---------------------------------------------------------------- atoms
+    def ident(self, c: list[Any]) -> _At:
+        tok: Token = c[0]
+        if tok.type == "NAME":
+            name = tok.value.lower()
+        else:
+            name = tok.value[1:-1].replace('""', '"')
+        return _At(name, tok.line, tok.column)
+
+    def qualified_name(self, c: list[Any]) -> _At:
+        first, second = c
+        if second is None:
+            qn = QualifiedName(None, first.value)
+        else:
+            qn = QualifiedName(first.value, second.value)
+        return _At(qn, first.line, first.column)
+
+    def literal(self, c: list[Any]) -> _At:
+        tok: Token = c[0]
+        kind, text = tok.type, tok.value
+        value: Any
+        if kind == "INT":
+            value = int(text)
+        elif kind == "FLOAT":
+            value = float(text)
+        elif kind == "NAN":
+            value = math.nan
+        elif kind == "INFINITY":
+            value = -math.inf if text.startswith("-") else math.inf
+        elif kind == "STRING":
+            value = text[1:-1].replace("''", "'")
+        elif kind == "TRUE":
+            value = True
+        elif kind == "FALSE":
+            value = False
+        else:  # NULL
+            value = None
+        return _At(value, tok.line, tok.column)
+
+    def if_not_exists(self, c: list[Any]) -> bool:
+        return True
+
+    def if_exists(self, c: list[Any]) -> bool:
+        return True
+
+    def unlogged(self, c: list[Any]) -> bool:
+        return True
+
+    # ------------------------------------------------------------ keyspaces
+    def map_entry(self, c: list[Any]) -> tuple[_At, _At]:
+        tok, value = c
+        return _At(tok.value[1:-1].replace("''", "'"), tok.line, tok.column), value
+
+    def map_literal(self, c: list[Any]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in _present(c):
+            if key.value in result:
+                _fail(f"duplicate key {key.value!r} in map", key)
+            result[key.value] = value.value
+        return result
+
+    def ks_option(self, c: list[Any]) -> tuple[_At, dict[str, Any]]:
+        return c[0], c[1]
+
+    @staticmethod
+    def _ks_options(opts: list[tuple[_At, dict[str, Any]]], allowed: tuple[str, ...], stmt: str) -> dict[str, dict]:
+        found: dict[str, dict] = {}
+        for name, value in opts:
+            if name.value not in allowed:
+                _fail(
+                    f"unknown {stmt} option {name.value!r}; expected "
+                    + " or ".join(allowed),
+                    name,
+                )
+            if name.value in found:
+                _fail(f"option {name.value!r} given more than once", name)
+            found[name.value] = value
+        return found
+
+    def create_keyspace(self, c: list[Any]) -> CreateKeyspace:
+        ine, name, *opts = c
+        found = self._ks_options(opts, ("replication", "tablets"), "keyspace")
+        if "replication" not in found:
+            _fail(
+                f"CREATE KEYSPACE {name.value} needs a replication option, "
+                "e.g. WITH replication = {'rf': 3}",
+                name,
+            )
+        return CreateKeyspace(
+            name=name.value,
+            replication=found["replication"],
+            tablets=found.get("tablets", {}),
+            if_not_exists=bool(ine),
+        )
+
+    def alter_keyspace(self, c: list[Any]) -> AlterKeyspace:
+        name, *opts = c
+        found = self._ks_options(opts, ("replication",), "ALTER KEYSPACE")
+        return AlterKeyspace(name=name.value, replication=found["replication"])
+
+    # --------------------------------------------------------------- tables
+    def column_def(self, c: list[Any]) -> _ColumnSpec:
+        name, type_tok, inline = c
+        canonical = _TYPE_ALIASES.get(type_tok.value.lower())
+        if canonical is None:
+            _fail(
+                f"unknown type {type_tok.value!r} for column {name.value!r}; allowed types are "
+                + ", ".join(ALLOWED_TYPES)
+                + " (varchar is accepted as text)",
+                type_tok,
+            )
+        return _ColumnSpec(name, canonical, inline)
+
+    def primary_key(self, c: list[Any]) -> _At:
+        tok = _first_token(c)
+        return _At("PRIMARY KEY", tok.line, tok.column)
+
+    def partition_key(self, c: list[Any]) -> tuple[_At, ...]:
+        return tuple(_present(c))
+
+    def primary_key_clause(self, c: list[Any]) -> _PrimaryKey:
+        at, partition, *clustering = _present(c)
+        return _PrimaryKey(partition, tuple(clustering), at.line, at.column)
+
+    def create_table(self, c: list[Any]) -> CreateTable:
+        ine, table, *elements = c
+        cols = [e for e in elements if isinstance(e, _ColumnSpec)]
+        pk_clauses = [e for e in elements if isinstance(e, _PrimaryKey)]
+        inline = [col for col in cols if col.inline_pk is not None]
+        where = f"CREATE TABLE {table.value}"
+
+        if not cols:
+            _fail(f"{where} defines no columns", table)
+        _check_unique((col.name for col in cols), where)
+        if len(pk_clauses) > 1:
+            _fail("PRIMARY KEY is given more than once; use a single PRIMARY KEY (...) clause", pk_clauses[1])
+        if len(inline) > 1:
+            _fail(
+                f"columns {inline[0].name.value!r} and {inline[1].name.value!r} are both marked "
+                "PRIMARY KEY; for a compound key write a separate PRIMARY KEY (a, b, ...) clause",
+                inline[1].inline_pk,
+            )
+        if inline and pk_clauses:
+            _fail(
+                f"column {inline[0].name.value!r} is marked PRIMARY KEY and there is also a separate "
+                "PRIMARY KEY (...) clause; use only one of the two",
+                pk_clauses[0],
+            )
+        if inline:
+            partition, clustering = (inline[0].name.value,), ()
+        elif pk_clauses:
+            pk = pk_clauses[0]
+            partition, clustering = _key_parts(pk)
+            defined = {col.name.value for col in cols}
+            for part in pk.partition + pk.clustering:
+                if part.value not in defined:
+                    _fail(f"PRIMARY KEY column {part.value!r} is not defined in {where}", part)
+        else:
+            _fail(
+                f"{where} has no PRIMARY KEY; add PRIMARY KEY (col, ...) or declare "
+                "a column as 'name type PRIMARY KEY'",
+                table,
+            )
+        return CreateTable(
+            table=_qual(table),
+            columns=tuple(ColumnDef(col.name.value, col.type) for col in cols),
+            partition_key=partition,
+            clustering_key=clustering,
+            if_not_exists=bool(ine),
+        )
+
+    # ---------------------------------------------------------------- views
+    def star(self, c: list[Any]) -> _Marker:
+        return _STAR
+
+    def count_star(self, c: list[Any]) -> _Marker:
+        return _COUNT_STAR
+
+    def column_list(self, c: list[Any]) -> list[_At]:
+        return _present(c)
+
+    def select_column(self, c: list[Any]) -> str:
+        item = c[0]
+        return item.value.lower() if isinstance(item, Token) else item.value
+
+    def select_column_list(self, c: list[Any]) -> tuple[str, ...]:
+        return tuple(x for x in c if isinstance(x, str))
+
+    def create_view(self, c: list[Any]) -> CreateView:
+        ine, view, columns, base, where, pk = c
+        if columns is _STAR:
+            cols = None
+        else:
+            _check_unique(columns, "the SELECT list")
+            cols = _values(columns)
+        partition, clustering = _key_parts(pk)
+        return CreateView(
+            view=_qual(view),
+            base=_qual(base),
+            columns=cols,
+            where=where or (),
+            partition_key=partition,
+            clustering_key=clustering,
+            if_not_exists=bool(ine),
+        )
+
+    def create_index(self, c: list[Any]) -> CreateIndex:
+        ine, name, table, column = c
+        return CreateIndex(
+            name=None if name is None else name.value,
+            table=_qual(table),
+            column=column.value,
+            if_not_exists=bool(ine),
+        )
+
+    # ------------------------------------------------------------------ DML
+    def value_list(self, c: list[Any]) -> _At:
+        values = _present(c)
+        return _At(values, values[0].line, values[0].column)
+
+    def using_timestamp(self, c: list[Any]) -> int:
+        (lit,) = _present(c)
+        if type(lit.value) is not int:
+            _fail(f"USING TIMESTAMP needs an integer (microseconds), got {lit.value!r}", lit)
+        if not _INT64_MIN <= lit.value <= _INT64_MAX:
+            _fail(f"USING TIMESTAMP {lit.value} is out of the 64-bit integer range", lit)
+        return lit.value
+
+    def insert(self, c: list[Any]) -> Insert:
+        table, *columns, values, ts = c
+        _check_unique(columns, "the INSERT column list")
+        if len(columns) != len(values.value):
+            _fail(
+                f"INSERT lists {len(columns)} column(s) but {len(values.value)} value(s); "
+                "give exactly one value per column",
+                values,
+            )
+        return Insert(
+            table=_qual(table),
+            columns=_values(columns),
+            values=_values(values.value),
+            timestamp=ts,
+        )
+
+    def assignment(self, c: list[Any]) -> tuple[_At, _At]:
+        return c[0], c[1]
+
+    def update(self, c: list[Any]) -> Update:
+        table, ts, *assignments, where = c
+        _check_unique((col for col, _ in assignments), "SET")
+        return Update(
+            table=_qual(table),
+            assignments=tuple((col.value, val.value) for col, val in assignments),
+            where=where,
+            timestamp=ts,
+        )
+
+    def delete(self, c: list[Any]) -> Delete:
+        table, ts, where = c
+        return Delete(table=_qual(table), where=where, timestamp=ts)
+
+    def limit_clause(self, c: list[Any]) -> int:
+        (lit,) = _present(c)
+        if type(lit.value) is not int or lit.value <= 0:
+            _fail(f"LIMIT must be a positive integer, got {lit.value!r}", lit)
+        return lit.value
+
+    def allow_filtering(self, c: list[Any]) -> _At:
+        tok = _first_token(c)
+        return _At("ALLOW FILTERING", tok.line, tok.column)
+
+    def allow_stale(self, c: list[Any]) -> _At:
+        tok = _first_token(c)
+        return _At("ALLOW STALE", tok.line, tok.column)
+
+    def select(self, c: list[Any]) -> Select:
+        columns, table, where, limit, *allows = c
+        seen: set[str] = set()
+        for allow in allows:
+            if allow.value in seen:
+                _fail(f"{allow.value} is given more than once", allow)
+            seen.add(allow.value)
+        return Select(
+            table=_qual(table),
+            columns=None if isinstance(columns, _Marker) else columns,
+            count=columns is _COUNT_STAR,
+            where=where or (),
+            limit=limit,
+            allow_filtering="ALLOW FILTERING" in seen,
+            allow_stale="ALLOW STALE" in seen,
+        )
+
+    # ---------------------------------------------------------------- drops
+    def drop_keyspace(self, c: list[Any]) -> DropKeyspace:
+        return DropKeyspace(name=c[1].value, if_exists=bool(c[0]))
+
+    def drop_table(self, c: list[Any]) -> DropTable:
+        return DropTable(table=_qual(c[1]), if_exists=bool(c[0]))
+
+    def drop_view(self, c: list[Any]) -> DropView:
+        return DropView(view=_qual(c[1]), if_exists=bool(c[0]))
+
+    def drop_index(self, c: list[Any]) -> DropIndex:
+        return DropIndex(index=_qual(c[1]), if_exists=bool(c[0]))
+
+    # -------------------------------------------------------------- batches
+    def batch(self, c: list[Any]) -> Batch:
+        _unlogged, ts, *statements = c
+        if ts is not None:
+            for stmt in statements:
+                if stmt.timestamp is not None:
+                    _fail(
+                        "USING TIMESTAMP is set on the batch and on a statement inside it; "
+                        "set it either on BEGIN BATCH or on the individual statements"
+                    )
+        return Batch(statements=tuple(statements), timestamp=ts)
+
+    # ---------------------------------------------------------------- WHERE
+    def where_clause(self, c: list[Any]) -> tuple[Relation, ...]:
+        return tuple(c)
+
+    def comparison(self, c: list[Any]) -> str:
+        return c[0].value
+
+    def rel_compare(self, c: list[Any]) -> Relation:
+        column, op, lit = c
+        return Relation(column.value, op, lit.value)
+
+    def rel_in(self, c: list[Any]) -> Relation:
+        column, *lits = _present(c)
+        return Relation(column.value, "IN", _values(lits))
+
+    def rel_not_null(self, c: list[Any]) -> Relation:
+        return Relation(c[0].value, "IS NOT NULL", None)
+
+    # ----------------------------------------------------------------- root
+    def start(self, c: list[Any]) -> Statement:
+        stmt = _present(c)
+        if not stmt:
+            _fail(
+                "empty statement; expected a CQL statement such as SELECT, INSERT, UPDATE, "
+                "DELETE, CREATE, ALTER, DROP or BEGIN BATCH"
+            )
+        return stmt[0]
+
+
+# --------------------------------------------------------------------------
+# Parser construction (once, at import) and error translation.
+
+_GRAMMAR = Path(__file__).with_name("grammar.lark").read_text(encoding="utf-8")
+
+_LARK = Lark(
+    _GRAMMAR,
+    parser="lalr",
+    lexer="contextual",
+    transformer=_Builder(),
+    maybe_placeholders=True,
+)
+
+
+def _warm_up_lexers() -> None:
+    """Build lark's lazily-compiled per-state scanners now, not racily on first use."""
+    lexer = getattr(_LARK.parser, "lexer", None)
+    per_state = getattr(lexer, "lexers", {})
+    for sub in [*per_state.values(), getattr(lexer, "root_lexer", None)]:
+        if sub is not None and hasattr(sub, "scanner"):
+            sub.scanner  # noqa: B018 - property access compiles the scanner
+
+
+_warm_up_lexers()
+
+_IGNORED = frozenset({"WS", "COMMENT"})
+_LITERAL_TERMINALS = frozenset({"INT", "FLOAT", "NAN", "INFINITY", "STRING", "TRUE", "FALSE", "NULL"})
+_WORDS = {
+    "NAME": "an identifier",
+    "QUOTED_NAME": "an identifier",
+    "INT": "an integer",
+    "FLOAT": "a number",
+    "NAN": "NaN",
+    "INFINITY": "Infinity",
+    "STRING": "a 'string'",
+    "TRUE": "true",
+    "FALSE": "false",
+    "NULL": "NULL",
+    "$END": "end of input",
+}
+_ANY_LITERAL = "a literal value (number, 'string', true, false or null)"
+
+
+def _describe(name: str) -> tuple[int, str]:
+    """(sort group, plain words) for a terminal name."""
+    if name == "$END":
+        return 4, _WORDS[name]
+    if name in _WORDS:
+        return 0, _WORDS[name]
+    if name.startswith("_") and name[1:].isalpha():
+        return 1, name[1:]  # keyword
+    try:
+        pattern = _LARK.get_terminal(name).pattern
+    except KeyError:
+        return 3, name
+    if isinstance(pattern, PatternStr):
+        return 2, repr(pattern.value)
+    return 3, name
+
+
+def _expected_words(names: Iterable[str]) -> str:
+    names = set(names) - _IGNORED
+    if {"_CREATE", "_SELECT"} <= names:
+        # Start of input: an optional ';' or the end are not useful suggestions.
+        names -= {"$END", "SEMICOLON"}
+    described: set[tuple[int, str]] = set()
+    if _LITERAL_TERMINALS <= names:
+        names -= _LITERAL_TERMINALS
+        described.add((0, _ANY_LITERAL))
+    described.update(_describe(n) for n in names)
+    words = [w for _, w in sorted(described)]
+    if not words:
+        return ""
+    if len(words) == 1:
+        return words[0]
+    return ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _acceptable(err: UnexpectedInput, text: str, fallback: Iterable[str] | None) -> set[str]:
+    """Terminals that really can come next at the point of the error.
+
+    LALR lookahead sets are merged across contexts and the parser may already
+    have reduced on a bad token, so the raw set lark reports can be wrong. We
+    replay the input up to (not including) the offending token and ask the
+    parser what it accepts there. Error path only, so the cost is irrelevant.
+    """
+    tok = getattr(err, "token", None)
+    stop = None if tok is None or tok.type == "$END" else tok.start_pos
+    try:
+        replay = _LARK.parse_interactive(text)
+        try:
+            for token in replay.iter_parse():
+                if stop is not None and token.start_pos >= stop:
+                    break
+        except UnexpectedInput:
+            pass  # the lexer stopped at the error position; the state is intact
+        return set(replay.accepts())
+    except Exception:  # e.g. a structural CqlSyntaxError during replay
+        pass
+    interactive = getattr(err, "interactive_parser", None)
+    if interactive is not None:
+        try:
+            return set(interactive.accepts())
+        except Exception:  # pragma: no cover - defensive
+            pass
+    return set(fallback or ())
+
+
+def _translate(err: UnexpectedInput, text: str) -> CqlSyntaxError:
+    if isinstance(err, UnexpectedToken):
+        tok = err.token
+        accepted = _acceptable(err, text, err.expected)
+        expected = _expected_words(accepted)
+        if tok.type == "$END":
+            line = tok.end_line or tok.line or 1
+            column = tok.end_column or tok.column or 1
+            reason = "unexpected end of input"
+        else:
+            line, column = tok.line, tok.column
+            reason = f"unexpected {_shown(tok.value)}"
+        if expected:
+            reason += f"; expected {expected}"
+        if tok.type == "QUOTED_NAME" and _LITERAL_TERMINALS & accepted:
+            reason += " (string literals use single quotes: 'text')"
+        return CqlSyntaxError(reason, line, column)
+    if isinstance(err, UnexpectedCharacters):
+        reason = f"unexpected character {err.char!r}"
+        if err.char == "'":
+            reason = "unterminated string literal (close it with '; write '' for a quote inside)"
+        elif err.char == '"':
+            reason = 'unterminated or empty quoted identifier (close it with "; write "" for a quote inside)'
+        else:
+            expected = _expected_words(_acceptable(err, text, err.allowed))
+            if expected:
+                reason += f"; expected {expected}"
+        return CqlSyntaxError(reason, err.line, err.column)
+    if isinstance(err, UnexpectedEOF):  # not raised by LALR, kept for safety
+        return CqlSyntaxError("unexpected end of input; expected " + _expected_words(err.expected))
+    return CqlSyntaxError(str(err))
+
+
+def parse(text: str) -> Statement:
+    """Parse one CQL statement (optional trailing ';') into an AST node.
+
+    Raises CqlSyntaxError (a ValueError) with a ``line L:C: ...`` message when the
+    text is not a valid statement. Thread-safe.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"parse() expects str, got {type(text).__name__}")
+    try:
+        return _LARK.parse(text)
+    except UnexpectedInput as err:
+        raise _translate(err, text) from None

@@ -1,0 +1,246 @@
+"""Wiring of one node: the only place that starts Raft, storage, the gRPC server and the background loops."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from coordinator.core.errors import Unavailable
+from coordinator.core.hlc import HybridClock
+from coordinator.core.state import Group0State
+from coordinator.raft import Group0, Group0Unavailable
+from storage.store import NodeStore
+from vbcpb import vbc_pb2 as pb
+from vbcpb import vbc_pb2_grpc as rpc
+from worker.service import WorkerService
+
+from .executor import Executor
+from .inflight import InflightWrites
+from .injection import Injections
+from .peers import Peers
+from .read_path import ReadCoordinator
+from .replica import LocalData
+from .services import AdminService, ClientService, InternodeService, status_for
+from .write_path import WriteCoordinator
+
+log = logging.getLogger("vbc.node")
+
+DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
+OUTBOX_FLUSH_INTERVAL = 0.5
+GRPC_WORKERS = 48
+
+
+@dataclass
+class NodeConfig:
+    node_id: str
+    data_dir: Path
+    grpc_addr: str
+    raft_addr: str
+    peers: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (grpc, raft) of the OTHER nodes
+    shards: int = 1
+    storage_url: str | None = None
+    raft_password: str | None = None
+
+
+class Node:
+    """One running node of the cluster."""
+
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        self.node_id = config.node_id
+        self.data_dir = Path(config.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.injections = Injections()
+        self.inflight = InflightWrites()
+        self._clock = HybridClock()
+        self._clock_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._schema_changed = threading.Event()
+        self.store = NodeStore(config.storage_url) if config.storage_url else NodeStore.for_data_dir(self.data_dir)
+        self.group0 = Group0(
+            node_id=config.node_id, raft_addr=config.raft_addr,
+            peers={peer_id: raft for peer_id, (_, raft) in config.peers.items()},
+            data_dir=self.data_dir / "raft", state_machine=Group0State(),
+            password=config.raft_password or os.environ.get("VBC_RAFT_PASSWORD", DEFAULT_RAFT_PASSWORD),
+            on_applied=lambda _index: self._schema_changed.set(),
+        )
+        self.peers = Peers(self._grpc_address_of)
+        self.local = LocalData(self.node_id, self.store, self.group0.read, self.catch_up, self.peers,
+                               self.injections, self.inflight)
+        self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, self.peers, self.injections)
+        self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, self.peers)
+        self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections)
+        self._health = health.HealthServicer()
+        self._server = self._build_server()
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._server.start()
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.group0.start()
+        for target, name in ((self._join, "join"), (self._watch_schema, "schema-watch"),
+                             (self._flush_outbox_loop, "outbox")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("node %s serving gRPC on %s, Raft on %s", self.node_id, self.config.grpc_addr, self.config.raft_addr)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._schema_changed.set()
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._server.stop(grace=2.0).wait(5.0)
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+        self.group0.close()
+        self.peers.close()
+        self.store.close()
+        log.info("node %s stopped", self.node_id)
+
+    def _build_server(self) -> grpc.Server:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
+                             options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                                      ("grpc.max_send_message_length", 64 * 1024 * 1024)])
+        rpc.add_ClientServicer_to_server(ClientService(self.executor), server)
+        rpc.add_AdminServicer_to_server(AdminService(self), server)
+        rpc.add_InternodeServicer_to_server(InternodeService(self), server)
+        rpc.add_WorkerServicer_to_server(
+            WorkerService(self.node_id, self.group0.read, lambda: self.group0.term, status_for), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Client", "Admin", "Internode", "Worker")]
+        reflection.enable_server_reflection(names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                                                     reflection.SERVICE_NAME], server)
+        if server.add_insecure_port(self.config.grpc_addr) == 0:
+            raise OSError(f"cannot listen for gRPC on {self.config.grpc_addr}: port in use or address not local")
+        return server
+
+    def _set_health(self, status) -> None:
+        for name in ("", "vbc.v1.Client", "vbc.v1.Admin", "vbc.v1.Internode", "vbc.v1.Worker"):
+            self._health.set(name, status)
+
+    def _join(self) -> None:
+        """Register this node in group0 (retrying until a leader commits it), then report SERVING."""
+        command = {"op": "register_node", "node_id": self.node_id, "grpc": self.config.grpc_addr,
+                   "raft": self.config.raft_addr, "shards": self.config.shards,
+                   "cmd_id": f"register/{self.node_id}/{self.config.grpc_addr}/{self.config.raft_addr}/{self.config.shards}"}
+        while not self._stopping.is_set():
+            try:
+                outcome = self.group0.propose(command, timeout=5.0)
+            except Group0Unavailable as error:
+                log.info("waiting to join group0: %s", error)
+                continue
+            if not outcome.ok:
+                log.error("group0 refused this node: %s", outcome.error_message)
+                return
+            self._ready.set()
+            self._set_health(health_pb2.HealthCheckResponse.SERVING)
+            log.info("node %s joined group0", self.node_id)
+            return
+
+    def require_ready(self) -> None:
+        if not self._ready.is_set():
+            leader = self.group0.leader_id or "none yet"
+            raise Unavailable(f"node {self.node_id} is starting: waiting to join group0 (Raft leader: {leader})")
+
+    # ------------------------------------------------------------ background loops
+
+    def _watch_schema(self) -> None:
+        """After each applied command: drop the storage of dropped tables and wake schema-barrier waiters."""
+        seen_version = -1
+        while not self._stopping.is_set():
+            self._schema_changed.wait()
+            self._schema_changed.clear()
+            version, table_ids = self.group0.read(lambda s: (s.schema_version, set(s.tables)))
+            if version != seen_version:
+                seen_version = version
+                self.local.drop_missing_tables(table_ids)
+            self.inflight.notify()
+
+    def _flush_outbox_loop(self) -> None:
+        while not self._stopping.wait(OUTBOX_FLUSH_INTERVAL):
+            try:
+                self.local.flush_outbox()
+            except Exception:  # noqa: BLE001 - the loop must survive; the entries stay queued
+                log.exception("flushing view updates failed; will retry")
+
+    # ------------------------------------------------------------ services for the roles
+
+    def now(self) -> int:
+        with self._clock_lock:
+            return self._clock.now(time.time_ns() // 1000)
+
+    def observe_timestamp(self, micros: int) -> None:
+        with self._clock_lock:
+            self._clock.observe(micros)
+
+    def _grpc_address_of(self, node_id: str) -> str | None:
+        member = self.group0.read(lambda s: s.nodes.get(node_id))
+        if member is not None:
+            return member.grpc
+        if node_id == self.node_id:
+            return self.config.grpc_addr
+        peer = self.config.peers.get(node_id)
+        return peer[0] if peer else None
+
+    def schema_version(self) -> int:
+        return self.group0.read(lambda s: s.schema_version)
+
+    def catch_up(self, version: int) -> None:
+        """Make sure this node has applied schema `version` (a sender saw it, so it is committed)."""
+        if self.schema_version() >= version:
+            return
+        try:
+            self.group0.barrier(timeout=10.0)
+        except Group0Unavailable as error:
+            raise Unavailable(f"node {self.node_id} cannot catch up with schema version {version}: {error}") from None
+        if self.schema_version() < version:
+            raise Unavailable(f"node {self.node_id} has schema version {self.schema_version()}, request needs {version}")
+
+    def wait_schema_applied(self, version: int, timeout: float) -> None:
+        if not self.inflight.wait_applied(version, self.schema_version, timeout):
+            raise Unavailable(f"node {self.node_id} did not apply schema version {version} within {timeout:g}s "
+                              "(writes started under an older schema are still running)")
+
+    def local_status(self) -> pb.LocalStatusResponse:
+        return pb.LocalStatusResponse(
+            node_id=self.node_id, schema_version=self.inflight.applied_version(self.schema_version()),
+            applied_index=self.group0.applied_index, pending_view_updates=self.store.outbox_size(),
+            term=self.group0.term, leader=self.group0.leader_id or "",
+        )
+
+    def probe(self, node_id: str) -> pb.LocalStatusResponse | None:
+        """This node's view of another node's local status, or None if it does not answer."""
+        if node_id == self.node_id:
+            return self.local_status()
+        try:
+            return self.peers.internode(node_id).LocalStatus(pb.LocalStatusRequest(), timeout=1.5)
+        except (grpc.RpcError, Unavailable):
+            return None
+
+
+def serve(config: NodeConfig) -> None:
+    """Run a node in the foreground until SIGTERM or SIGINT, then stop it cleanly."""
+    logging.basicConfig(level=os.environ.get("VBC_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    node = Node(config)
+    node.start()
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        node.stop()

@@ -1,0 +1,44 @@
+"""gRPC channels and stubs to other nodes, cached per address."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import grpc
+
+from coordinator.core.errors import Unavailable
+from vbcpb import vbc_pb2_grpc as rpc
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.enable_retries", 0),
+]
+
+
+class Peers:
+    """Resolves node ids to addresses (through `resolve`) and hands out cached stubs."""
+
+    def __init__(self, resolve: Callable[[str], str | None]):
+        self._resolve = resolve
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def channel(self, node_id: str) -> grpc.Channel:
+        address = self._resolve(node_id)
+        if address is None:
+            raise Unavailable(f"node {node_id!r} is not a member of the cluster")
+        with self._lock:
+            if address not in self._channels:
+                self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            return self._channels[address]
+
+    def internode(self, node_id: str) -> rpc.InternodeStub:
+        return rpc.InternodeStub(self.channel(node_id))
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()

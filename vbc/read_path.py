@@ -1,0 +1,110 @@
+"""The coordinating side of a read: one replica per tablet, merged in (token, primary key) order."""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from coordinator.core.errors import CoreError, Unavailable
+from coordinator.core.schema import Replica, Table
+from coordinator.core.tokens import tablet_of, tablet_range
+from coordinator.core.types import sort_key
+from vbcpb import vbc_pb2 as pb
+
+from .peers import Peers
+from .replica import LocalData
+from .values import from_proto, to_proto
+
+SCAN_TIMEOUT = 60.0
+
+
+class ReadCoordinator:
+    """Reads rows of a table or view from the replicas, one replica per tablet, falling back to the next."""
+
+    def __init__(self, node_id: str, read_state: Callable, local: LocalData, peers: Peers):
+        self.node_id = node_id
+        self._read_state = read_state
+        self._local = local
+        self._peers = peers
+
+    def rows(self, table: Table, partition_key: tuple | None = None, token: int | None = None,
+             limit: int | None = None) -> Iterator[tuple]:
+        """Rows as tuples of every column value (schema order), sorted by (token, primary key)."""
+        tablet_map = self._read_state(lambda s: s.tablets[table.id])
+        count = tablet_map.tablet_count
+        if partition_key is not None:
+            replicas = tablet_map.replicas[tablet_of(token, count)]
+            return (values for _, values in self._tablet_rows(table, replicas, token, token, partition_key, limit))
+        streams = [self._tablet_rows(table, replicas, *tablet_range(i, count), None, limit)
+                   for i, replicas in enumerate(tablet_map.replicas)]
+        return _merge_sorted(table, streams)
+
+    def _tablet_rows(self, table, replicas, first, last, partition_key, limit) -> Iterator[tuple]:
+        request = pb.ScanRequest(table_id=table.id, first_token=first, last_token=last, limit=limit or 0,
+                                 page_size=1000)
+        if partition_key is not None:
+            request.partition_key.extend(to_proto(v) for v in partition_key)
+        return _LazyStream(lambda: self._scan_with_fallback(request, _prefer_local(replicas, self.node_id)))
+
+    def _scan_with_fallback(self, request: pb.ScanRequest, replicas: list[Replica]) -> Iterator[tuple]:
+        errors = []
+        for replica in replicas:
+            try:
+                pages = list(self._scan_one(replica.node, request))
+            except (grpc.RpcError, CoreError) as error:
+                errors.append(f"{replica.node}: {_describe(error)}")
+                continue
+            return (_decode_row(row) for page in pages for row in page.rows)
+        raise Unavailable(f"no replica could serve tokens {request.first_token}..{request.last_token}: {'; '.join(errors)}")
+
+    def _scan_one(self, node: str, request: pb.ScanRequest) -> Iterator[pb.ScanPage]:
+        if node == self.node_id:
+            return self._local.scan(request)
+        return self._peers.internode(node).Scan(request, timeout=SCAN_TIMEOUT)
+
+
+class _LazyStream:
+    """An iterator that starts its scan on first use, so a LIMIT that is met early skips later tablets."""
+
+    def __init__(self, start: Callable[[], Iterator]):
+        self._start = start
+        self._iterator: Iterator | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._iterator is None:
+            self._iterator = iter(self._start())
+        return next(self._iterator)
+
+
+def _prefer_local(replicas: tuple[Replica, ...], node_id: str) -> list[Replica]:
+    return sorted(replicas, key=lambda r: r.node != node_id)
+
+
+def _decode_row(row: pb.ScanRow) -> tuple:
+    return (row.token, tuple(from_proto(v) for v in row.values))
+
+
+def _merge_sorted(table: Table, streams: list[Iterator[tuple]]) -> Iterator[tuple]:
+    """k-way merge of per-tablet streams by (token, primary key); yields the column values."""
+    order = [next(i for i, c in enumerate(table.columns) if c.name == name) for name in table.primary_key]
+
+    def key(item):
+        token, values = item
+        return (token, tuple(sort_key(values[i]) for i in order))
+
+    return (values for _, values in heapq.merge(*streams, key=key))
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, grpc.RpcError):
+        return f"{error.code().name}: {error.details()}"
+    return str(error)
+
+
+def take(rows: Iterator, limit: int | None) -> list:
+    return list(itertools.islice(rows, limit)) if limit is not None else list(rows)

@@ -1,0 +1,311 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Value(_message.Message):
+    __slots__ = ("null", "int", "text", "boolean", "double")
+    NULL_FIELD_NUMBER: _ClassVar[int]
+    INT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    BOOLEAN_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_FIELD_NUMBER: _ClassVar[int]
+    null: bool
+    int: int
+    text: str
+    boolean: bool
+    double: float
+    def __init__(self, null: _Optional[bool] = ..., int: _Optional[int] = ..., text: _Optional[str] = ..., boolean: _Optional[bool] = ..., double: _Optional[float] = ...) -> None: ...
+
+class Row(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class Column(_message.Message):
+    __slots__ = ("name", "type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
+
+class ExecuteRequest(_message.Message):
+    __slots__ = ("statement", "page_size")
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    statement: str
+    page_size: int
+    def __init__(self, statement: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ExecuteResponse(_message.Message):
+    __slots__ = ("columns", "rows", "message")
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    columns: _containers.RepeatedCompositeFieldContainer[Column]
+    rows: _containers.RepeatedCompositeFieldContainer[Row]
+    message: str
+    def __init__(self, columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("id", "grpc", "raft", "alive", "shards", "schema_version", "pending_view_updates")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_FIELD_NUMBER: _ClassVar[int]
+    RAFT_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PENDING_VIEW_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    grpc: str
+    raft: str
+    alive: bool
+    shards: int
+    schema_version: int
+    pending_view_updates: int
+    def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., schema_version: _Optional[int] = ..., pending_view_updates: _Optional[int] = ...) -> None: ...
+
+class ViewStatus(_message.Message):
+    __slots__ = ("name", "base", "state", "tasks_total", "tasks_done", "progress", "hosts", "is_index")
+    class HostsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TASKS_DONE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    IS_INDEX_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    base: str
+    state: str
+    tasks_total: int
+    tasks_done: int
+    progress: float
+    hosts: _containers.ScalarMap[str, str]
+    is_index: bool
+    def __init__(self, name: _Optional[str] = ..., base: _Optional[str] = ..., state: _Optional[str] = ..., tasks_total: _Optional[int] = ..., tasks_done: _Optional[int] = ..., progress: _Optional[float] = ..., hosts: _Optional[_Mapping[str, str]] = ..., is_index: _Optional[bool] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("leader", "term", "nodes", "views", "answered_by", "schema_version")
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    leader: str
+    term: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    views: _containers.RepeatedCompositeFieldContainer[ViewStatus]
+    answered_by: str
+    schema_version: int
+    def __init__(self, leader: _Optional[str] = ..., term: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., views: _Optional[_Iterable[_Union[ViewStatus, _Mapping]]] = ..., answered_by: _Optional[str] = ..., schema_version: _Optional[int] = ...) -> None: ...
+
+class TabletsRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class TabletInfo(_message.Message):
+    __slots__ = ("tablet", "first_token", "last_token", "replicas")
+    TABLET_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    tablet: int
+    first_token: int
+    last_token: int
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tablet: _Optional[int] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TabletsResponse(_message.Message):
+    __slots__ = ("table", "tablets")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    TABLETS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    tablets: _containers.RepeatedCompositeFieldContainer[TabletInfo]
+    def __init__(self, table: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[TabletInfo, _Mapping]]] = ...) -> None: ...
+
+class InjectRequest(_message.Message):
+    __slots__ = ("name", "action", "mode", "one_shot", "timeout")
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        ENABLE: _ClassVar[InjectRequest.Action]
+        DISABLE: _ClassVar[InjectRequest.Action]
+        WAIT_HIT: _ClassVar[InjectRequest.Action]
+        LIST: _ClassVar[InjectRequest.Action]
+    ENABLE: InjectRequest.Action
+    DISABLE: InjectRequest.Action
+    WAIT_HIT: InjectRequest.Action
+    LIST: InjectRequest.Action
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ONE_SHOT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    action: InjectRequest.Action
+    mode: str
+    one_shot: bool
+    timeout: float
+    def __init__(self, name: _Optional[str] = ..., action: _Optional[_Union[InjectRequest.Action, str]] = ..., mode: _Optional[str] = ..., one_shot: _Optional[bool] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class InjectionPoint(_message.Message):
+    __slots__ = ("name", "enabled", "mode", "one_shot", "hits")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ONE_SHOT_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    enabled: bool
+    mode: str
+    one_shot: bool
+    hits: int
+    def __init__(self, name: _Optional[str] = ..., enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., one_shot: _Optional[bool] = ..., hits: _Optional[int] = ...) -> None: ...
+
+class InjectResponse(_message.Message):
+    __slots__ = ("hit", "points", "node")
+    HIT_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    hit: bool
+    points: _containers.RepeatedCompositeFieldContainer[InjectionPoint]
+    node: str
+    def __init__(self, hit: _Optional[bool] = ..., points: _Optional[_Iterable[_Union[InjectionPoint, _Mapping]]] = ..., node: _Optional[str] = ...) -> None: ...
+
+class Cell(_message.Message):
+    __slots__ = ("column", "value", "ts")
+    COLUMN_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TS_FIELD_NUMBER: _ClassVar[int]
+    column: str
+    value: Value
+    ts: int
+    def __init__(self, column: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ..., ts: _Optional[int] = ...) -> None: ...
+
+class Mutation(_message.Message):
+    __slots__ = ("token", "key", "marker_ts", "tomb_ts", "cells")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MARKER_TS_FIELD_NUMBER: _ClassVar[int]
+    TOMB_TS_FIELD_NUMBER: _ClassVar[int]
+    CELLS_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    key: _containers.RepeatedCompositeFieldContainer[Value]
+    marker_ts: int
+    tomb_ts: int
+    cells: _containers.RepeatedCompositeFieldContainer[Cell]
+    def __init__(self, token: _Optional[int] = ..., key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., marker_ts: _Optional[int] = ..., tomb_ts: _Optional[int] = ..., cells: _Optional[_Iterable[_Union[Cell, _Mapping]]] = ...) -> None: ...
+
+class MutationBatch(_message.Message):
+    __slots__ = ("table_id", "shard", "mutations", "timestamp", "schema_version")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    MUTATIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    table_id: str
+    shard: int
+    mutations: _containers.RepeatedCompositeFieldContainer[Mutation]
+    timestamp: int
+    schema_version: int
+    def __init__(self, table_id: _Optional[str] = ..., shard: _Optional[int] = ..., mutations: _Optional[_Iterable[_Union[Mutation, _Mapping]]] = ..., timestamp: _Optional[int] = ..., schema_version: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("applied",)
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    applied: int
+    def __init__(self, applied: _Optional[int] = ...) -> None: ...
+
+class ScanRequest(_message.Message):
+    __slots__ = ("table_id", "first_token", "last_token", "partition_key", "limit", "page_size")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    table_id: str
+    first_token: int
+    last_token: int
+    partition_key: _containers.RepeatedCompositeFieldContainer[Value]
+    limit: int
+    page_size: int
+    def __init__(self, table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., partition_key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ScanRow(_message.Message):
+    __slots__ = ("token", "values")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, token: _Optional[int] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class ScanPage(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[ScanRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[ScanRow, _Mapping]]] = ...) -> None: ...
+
+class LocalStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LocalStatusResponse(_message.Message):
+    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PENDING_VIEW_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    schema_version: int
+    applied_index: int
+    pending_view_updates: int
+    term: int
+    leader: str
+    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ...) -> None: ...
+
+class SchemaBarrierRequest(_message.Message):
+    __slots__ = ("schema_version", "timeout")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    timeout: float
+    def __init__(self, schema_version: _Optional[int] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class WorkRequest(_message.Message):
+    __slots__ = ("term", "shard", "task_ids")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    shard: int
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, term: _Optional[int] = ..., shard: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WorkResponse(_message.Message):
+    __slots__ = ("finished_task_ids",)
+    FINISHED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    finished_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, finished_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The view building worker: the node-local executor of view building tasks."""

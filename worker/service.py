@@ -1,0 +1,66 @@
+"""The worker's gRPC endpoint: fences calls by Raft term and checks the batch against the replicated task table."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import grpc
+
+from coordinator.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from vbcpb import vbc_pb2_grpc as rpc
+
+
+class TermFence:
+    """Remembers the highest coordinator term seen; calls from an older term are refused."""
+
+    def __init__(self) -> None:
+        self._highest = 0
+        self._lock = threading.Lock()
+
+    def admit(self, term: int, current_term: int) -> None:
+        with self._lock:
+            newest = max(self._highest, current_term)
+            if term < newest:
+                raise FailedPrecondition(
+                    f"stale coordinator term {term}: this worker has seen term {newest}; "
+                    "the caller is no longer the group0 leader"
+                )
+            self._highest = term
+
+
+def check_batch(state, node_id: str, shard: int, task_ids: list[str]) -> list:
+    """The tasks of a batch; they must exist, target this node's `shard`, and share type, base and tablet."""
+    if not task_ids:
+        raise InvalidArgument("an empty batch of view building tasks")
+    missing = [i for i in task_ids if i not in state.tasks]
+    if missing:
+        raise NotFound(f"unknown or already finished view building task(s): {', '.join(missing)}")
+    tasks = [state.tasks[i] for i in task_ids]
+    foreign = [t.id for t in tasks if t.replica.node != node_id or t.replica.shard != shard]
+    if foreign:
+        raise InvalidArgument(f"task(s) {', '.join(foreign)} do not belong to {node_id} shard {shard}")
+    if len({(t.type, t.base_id, t.tablet_id) for t in tasks}) > 1:
+        raise InvalidArgument("a batch must share task type, base table and tablet")
+    return tasks
+
+
+class WorkerService(rpc.WorkerServicer):
+    """Answers WorkOnViewBuildingTasks; executing the tasks is the view building milestone's work."""
+
+    def __init__(self, node_id: str, read_state: Callable, current_term: Callable[[], int], status_for):
+        self._node_id = node_id
+        self._read_state = read_state
+        self._current_term = current_term
+        self._fence = TermFence()
+        self._status_for = status_for
+
+    def WorkOnViewBuildingTasks(self, request, context):
+        try:
+            self._fence.admit(request.term, self._current_term())
+            self._read_state(lambda s: check_batch(s, self._node_id, request.shard, list(request.task_ids)))
+        except Exception as error:  # noqa: BLE001 - mapped to a status, the node keeps serving
+            code, message = self._status_for(error)
+            context.abort(code, message)
+        context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                      "this node does not execute view building tasks yet (the view building coordinator "
+                      "milestone adds it); views stay BUILDING and can be read with ALLOW STALE")
