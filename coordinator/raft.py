@@ -25,7 +25,7 @@ _RETRY_BACKOFF_MAX = 0.2
 
 
 def raft_options(data_dir: Path, password: str) -> dict:
-    """The SyncObjConf settings group0 runs with (see the module's report for the reasoning)."""
+    """The SyncObjConf settings group0 runs with: a few members on a local network."""
     return {
         "password": password,  # encrypts and authenticates the transport, which unpickles what it receives
         "journalFile": str(data_dir / JOURNAL_FILE),
@@ -34,7 +34,7 @@ def raft_options(data_dir: Path, password: str) -> dict:
         "dynamicMembershipChange": False,
         "appendEntriesUseBatch": False,  # ship each entry at once: ~1 ms per command instead of ~100 ms
         "commandsWaitLeader": True,  # during an election, commands queue until a leader is known
-        "appendEntriesPeriod": 0.1,
+        "appendEntriesPeriod": 0.1,  # heartbeats; an election starts 0.5-1.0 s after the last one seen
         "raftMinTimeout": 0.5,
         "raftMaxTimeout": 1.0,
         "leaderFallbackTimeout": 2.0,  # a leader cut off from the majority steps down after 2 s, not 30
@@ -179,7 +179,8 @@ class Group0:
     Always reach the live state through read(), never through the object passed in.
 
     on_applied(index) runs on pysyncobj's tick thread after each command, outside the state lock;
-    like read()'s fn it must be quick and must not call propose()/barrier()/close().
+    like read()'s fn it must be quick and must not call propose()/barrier()/close(). After a restart
+    the replayed commands are reported again (after a restore from a dump, once with the dump's index).
     start() must be called from a thread that outlives this Group0 (normally the main thread):
     pysyncobj stops ticking when the thread that created it exits.
 
@@ -224,10 +225,10 @@ class Group0:
     def _wait_bound(self) -> None:
         try:
             self._syncobj.waitBinded()
-        except Exception as error:
+        except Exception:
             self.close()
-            raise Group0Unavailable(f"group0 on {self._node_id} cannot listen on {self._raft_addr}: "
-                                    f"port in use or address not local ({error})") from None
+            raise OSError(f"group0 on {self._node_id} cannot listen on raft address {self._raft_addr} "
+                          f"after {self._conf.maxBindRetries} attempts: port in use?") from None
 
     def close(self) -> None:
         with self._lifecycle_lock:

@@ -34,7 +34,6 @@ from .cells import (
 
 Derive = Callable[[Row | None, Row], Sequence[tuple[str, bytes]]]
 
-SYSTEM_COLUMNS = ("token", "marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone")
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL truncates longer identifiers
 MAX_PARAMS_PER_STATEMENT = 4000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -117,22 +116,31 @@ def _check_token(token: int) -> int:
     return token
 
 
+def _is_int64(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_ACCEPTS = {
+    "int": _is_int64,
+    "bigint": _is_int64,
+    "timestamp": _is_int64,
+    "double": _is_number,
+    "boolean": lambda value: isinstance(value, bool),
+    "text": lambda value: isinstance(value, str),
+}
+
+
 def coerce_value(column: ColumnSpec, value: object) -> object:
     """Check a value against its column type; ints are accepted for doubles. None stays None."""
     if value is None:
         return None
-    kind = column.type
-    if kind == "boolean" and isinstance(value, bool):
-        return value
-    if kind == "text" and isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        pass
-    elif kind == "double" and isinstance(value, (int, float)):
-        return float(value)
-    elif kind in ("int", "bigint", "timestamp") and isinstance(value, int) and INT64_MIN <= value <= INT64_MAX:
-        return value
-    raise TypeError(f"column {column.name!r} ({kind}) cannot hold {value!r}")
+    if not _ACCEPTS[column.type](value):
+        raise TypeError(f"column {column.name!r} ({column.type}) cannot hold {value!r}")
+    return float(value) if column.type == "double" else value
 
 
 def _lookup_key(token: int, key: tuple) -> tuple:
@@ -406,8 +414,8 @@ class NodeStore:
         for column in added:
             for name in (value_column_name(column.name), ts_column_name(column.name)):
                 sql_column = physical.table.c[name]
-                sql_type = sql_column.type.compile(dialect=conn.dialect)
-                conn.exec_driver_sql(f"ALTER TABLE {table_name} ADD COLUMN {preparer.format_column(sql_column)} {sql_type}")
+                column_sql = f"{preparer.format_column(sql_column)} {sql_column.type.compile(dialect=conn.dialect)}"
+                conn.exec_driver_sql(f"ALTER TABLE {table_name} ADD COLUMN {column_sql}")
 
     def drop_table(self, table_id: str) -> None:
         with self._write_transaction() as conn:
@@ -492,7 +500,7 @@ class NodeStore:
     def _insert_outbox(self, conn: sa.Connection, rows: list[dict[str, object]]) -> tuple[int, ...]:
         if not rows:
             return ()
-        # Writers are serialised, so the ids of one batch are consecutive and ascend in insertion order.
+        # RETURNING order is unspecified, but writers are serialised so ids ascend in insertion order.
         statement = self._outbox.insert().returning(self._outbox.c.id)
         return tuple(sorted(conn.execute(statement, rows).scalars()))
 

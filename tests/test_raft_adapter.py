@@ -263,6 +263,10 @@ def test_new_leader_is_elected_after_the_leader_closes(cluster):
     survivor.barrier()
     assert survivor.read(lambda kv: kv.data) == {"before": 1, "after": 2}
 
+    rejoined = cluster.start_member(old_leader.node_id)
+    assert rejoined.barrier() == 3
+    assert cluster.states()[rejoined.node_id] == cluster.states()[survivor.node_id]
+
 
 def test_proposal_without_quorum_raises_unavailable_within_timeout(cluster):
     cluster.wait_for_leader()
@@ -316,3 +320,17 @@ def test_rejects_membership_that_lists_this_node_as_a_peer(tmp_path):
     with pytest.raises(ValueError, match="password"):
         Group0(node_id="n1", raft_addr="127.0.0.1:1", peers={"n2": "127.0.0.1:2"}, data_dir=tmp_path,
                state_machine=KeyValue(), password="")
+
+
+def test_start_fails_when_the_raft_port_is_taken(tmp_path):
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", 0))
+        squatter.listen()
+        addr = f"127.0.0.1:{squatter.getsockname()[1]}"
+        member = Group0(node_id="n1", raft_addr=addr, peers={"n2": "127.0.0.1:1"}, data_dir=tmp_path,
+                        state_machine=KeyValue(), password=PASSWORD, raft_overrides={"maxBindRetries": 1})
+        try:
+            with pytest.raises(OSError, match="cannot listen on raft address"):
+                member.start()
+        finally:
+            member.close()

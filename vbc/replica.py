@@ -86,13 +86,13 @@ class LocalData:
     # ------------------------------------------------------------ base writes
 
     def apply_base_write(self, batch: pb.MutationBatch) -> int:
-        self._injections.hit("write.replica.before_apply")
         self._catch_up(batch.schema_version)
         produced: list[tuple[str, bytes]] = []
         context = self._read_state(lambda s: _write_context(s, batch.table_id))
         if context is None:
             raise Unavailable(f"table id {batch.table_id} does not exist on node {self.node_id} (dropped?)")
         with self._inflight.track(context.schema_version):
+            self._injections.hit("write.replica.before_apply")
             self.ensure_table(context.table)
             for view in context.views:
                 self.ensure_table(view)

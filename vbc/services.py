@@ -114,7 +114,7 @@ class AdminService(rpc.AdminServicer):
             raise InvalidArgument(f"give the table as KEYSPACE.TABLE, got {request.table!r}")
         table = self._node.group0.read(lambda s: s.require_table(keyspace, name))
         tablet_map = self._node.group0.read(lambda s: s.tablets[table.id])
-        response = pb.TabletsResponse(table=table.qualified_name)
+        response = pb.TabletsResponse(table=table.qualified_name, table_id=table.id)
         for tablet_id, replicas in enumerate(tablet_map.replicas):
             first, last = tablet_range(tablet_id, tablet_map.tablet_count)
             response.tablets.append(pb.TabletInfo(tablet=tablet_id, first_token=first, last_token=last,

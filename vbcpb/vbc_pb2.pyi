@@ -137,12 +137,14 @@ class TabletInfo(_message.Message):
     def __init__(self, tablet: _Optional[int] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TabletsResponse(_message.Message):
-    __slots__ = ("table", "tablets")
+    __slots__ = ("table", "tablets", "table_id")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     TABLETS_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     table: str
     tablets: _containers.RepeatedCompositeFieldContainer[TabletInfo]
-    def __init__(self, table: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[TabletInfo, _Mapping]]] = ...) -> None: ...
+    table_id: str
+    def __init__(self, table: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[TabletInfo, _Mapping]]] = ..., table_id: _Optional[str] = ...) -> None: ...
 
 class InjectRequest(_message.Message):
     __slots__ = ("name", "action", "mode", "one_shot", "timeout")

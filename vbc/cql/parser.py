@@ -456,14 +456,9 @@ class _Builder(Transformer):
 
     # -------------------------------------------------------------- batches
     def batch(self, c: list[Any]) -> Batch:
+        # Inner USING TIMESTAMPs are kept as written (None when absent); how they
+        # combine with the batch's own timestamp is the executor's decision.
         _unlogged, ts, *statements = c
-        if ts is not None:
-            for stmt in statements:
-                if stmt.timestamp is not None:
-                    _fail(
-                        "USING TIMESTAMP is set on the batch and on a statement inside it; "
-                        "set it either on BEGIN BATCH or on the individual statements"
-                    )
         return Batch(statements=tuple(statements), timestamp=ts)
 
     # ---------------------------------------------------------------- WHERE

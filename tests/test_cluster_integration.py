@@ -1,0 +1,228 @@
+"""Integration tests with 3 real node processes on 127.0.0.1: DDL, writes, reads, view maintenance, bad input."""
+from __future__ import annotations
+
+import random
+import threading
+
+import grpc
+import pytest
+
+from coordinator.core.tokens import token_of
+from vbc import client
+from vbcpb import vbc_pb2 as pb
+
+from .cluster_harness import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(3, tmp_path_factory.mktemp("cluster"), shards=2) as running:
+        yield running
+
+
+def addr(cluster, node_id: str) -> str:
+    return next(n["grpc"] for n in cluster.nodes if n["id"] == node_id)
+
+
+def run(cluster, node_id: str, statement: str):
+    return client.execute(addr(cluster, node_id), statement)
+
+
+def rows(cluster, node_id: str, statement: str) -> list[dict]:
+    return client.query(addr(cluster, node_id), statement)
+
+
+def error_of(cluster, node_id: str, statement: str) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as caught:
+        run(cluster, node_id, statement)
+    return caught.value.code(), caught.value.details()
+
+
+def wait_views_flushed(cluster) -> None:
+    cluster.wait_until(
+        lambda: all(n["alive"] and n["pending_view_updates"] == 0 for n in client.status(addr(cluster, "n1"))["nodes"]),
+        timeout=30, message="view update outboxes did not drain")
+
+
+def test_ddl_from_any_node_is_visible_on_all(cluster):
+    run(cluster, "n1", "CREATE KEYSPACE ddl WITH replication = {'rf': 3} AND tablets = {'initial': 4}")
+    run(cluster, "n2", "CREATE TABLE ddl.t (key int, c int, v text, PRIMARY KEY (key, c))")
+    run(cluster, "n3", "CREATE MATERIALIZED VIEW ddl.mv AS SELECT * FROM ddl.t WHERE c IS NOT NULL AND key IS NOT NULL PRIMARY KEY (c, key)")
+    run(cluster, "n1", "CREATE INDEX ON ddl.t (v)")
+    maps = []
+    for node in ("n1", "n2", "n3"):
+        cluster.wait_until(lambda: any(v["name"] == "ddl.t_v_idx" for v in client.status(addr(cluster, node))["views"]),
+                           timeout=10, message=f"{node} did not see the index")
+        maps.append(client.tablets(addr(cluster, node), "ddl.t"))
+        assert rows(cluster, node, "SELECT * FROM ddl.t") == []
+    assert maps[0] == maps[1] == maps[2] and len(maps[0]) == 4
+    for tablet in maps[0]:
+        assert len({r.split(":")[0] for r in tablet["replicas"]}) == 3
+    view = next(v for v in client.status(addr(cluster, "n2"))["views"] if v["name"] == "ddl.mv")
+    assert view["base"] == "ddl.t" and view["state"] == "BUILDING" and view["tasks_total"] == 12
+    assert set(view["hosts"]) == {"n1", "n2", "n3"}
+
+
+@pytest.fixture(scope="module")
+def rw_table(cluster):
+    """rw.t with 1,000 rows written in batches through n1, n2 and n3 in turn; returns the expected rows."""
+    run(cluster, "n1", "CREATE KEYSPACE rw WITH replication = {'rf': 3} AND tablets = {'initial': 8}")
+    run(cluster, "n1", "CREATE TABLE rw.t (id int, name text, score double, ok boolean, PRIMARY KEY (id))")
+    expected = {}
+    for start in range(0, 1000, 50):
+        node = ("n1", "n2", "n3")[start // 50 % 3]
+        inserts = []
+        for i in range(start, start + 50):
+            expected[i] = {"id": i, "name": f"name-{i}", "score": i / 4, "ok": i % 2 == 0}
+            inserts.append(f"INSERT INTO rw.t (id, name, score, ok) VALUES ({i}, 'name-{i}', {i / 4}, {str(i % 2 == 0).lower()})")
+        run(cluster, node, "BEGIN BATCH " + "; ".join(inserts) + " APPLY BATCH")
+    return expected
+
+
+def test_rows_written_through_different_nodes_are_read_back_from_every_node(cluster, rw_table):
+    expected = rw_table
+    for node in ("n1", "n2", "n3"):
+        got = rows(cluster, node, "SELECT * FROM rw.t")
+        assert {r["id"]: r for r in got} == expected
+        tokens = [token_of((r["id"],), ("int",)) for r in got]
+        assert tokens == sorted(tokens), "rows must come back in token order"
+        assert rows(cluster, node, "SELECT COUNT(*) FROM rw.t") == [{"count": 1000}]
+        assert rows(cluster, node, "SELECT name FROM rw.t WHERE id = 7") == [{"name": "name-7"}]
+    assert len(rows(cluster, "n2", "SELECT * FROM rw.t LIMIT 10")) == 10
+
+
+def test_every_replica_holds_its_tablets_rows(cluster):
+    run(cluster, "n1", "CREATE KEYSPACE rep WITH replication = {'rf': 2} AND tablets = {'initial': 4}")
+    run(cluster, "n1", "CREATE TABLE rep.t (id int, v text, PRIMARY KEY (id))")
+    run(cluster, "n3", "BEGIN BATCH " + " ".join(f"INSERT INTO rep.t (id, v) VALUES ({i}, 'v{i}');" for i in range(200)) + " APPLY BATCH")
+    table_id = _table_id(cluster, "rep", "t")
+    for tablet in client.tablets(addr(cluster, "n1"), "rep.t"):
+        want = sorted(i for i in range(200) if tablet["first_token"] <= token_of((i,), ("int",)) <= tablet["last_token"])
+        assert len(tablet["replicas"]) == 2
+        for replica in tablet["replicas"]:
+            node = replica.split(":")[0]
+            stub = client.internode_stub(addr(cluster, node))
+            pages = stub.Scan(pb.ScanRequest(table_id=table_id, first_token=tablet["first_token"],
+                                             last_token=tablet["last_token"]), timeout=10)
+            got = sorted(r.values[0].int for page in pages for r in page.rows)
+            assert got == want, f"replica {replica} of tablet {tablet['tablet']}"
+
+
+def _table_id(cluster, keyspace: str, name: str) -> str:
+    response = client.admin_stub(addr(cluster, "n1")).Tablets(pb.TabletsRequest(table=f"{keyspace}.{name}"), timeout=10)
+    return response.table_id
+
+
+def test_view_equals_its_function_of_the_base_after_concurrent_random_writes(cluster):
+    run(cluster, "n1", "CREATE KEYSPACE mv WITH replication = {'rf': 3} AND tablets = {'initial': 4}")
+    run(cluster, "n2", "CREATE TABLE mv.t (key int, c int, v text, w int, PRIMARY KEY (key, c))")
+    run(cluster, "n3", "CREATE MATERIALIZED VIEW mv.by_v AS SELECT * FROM mv.t WHERE v IS NOT NULL AND key IS NOT NULL "
+                       "AND c IS NOT NULL AND w > 10 PRIMARY KEY (v, key, c)")
+    run(cluster, "n1", "CREATE INDEX by_w ON mv.t (w)")
+    errors = []
+
+    def client_loop(seed: int, node: str, operations: int) -> None:
+        rnd = random.Random(seed)
+        for _ in range(operations):
+            key, c = rnd.randrange(40), rnd.randrange(3)
+            choice = rnd.random()
+            if choice < 0.45:
+                statement = (f"INSERT INTO mv.t (key, c, v, w) VALUES ({key}, {c}, 'v{rnd.randrange(6)}', "
+                             f"{rnd.randrange(20)})")
+            elif choice < 0.8:
+                statement = f"UPDATE mv.t SET v = 'v{rnd.randrange(6)}' WHERE key = {key} AND c = {c}"
+            elif choice < 0.9:
+                statement = f"UPDATE mv.t SET w = {rnd.randrange(20)} WHERE key = {key} AND c = {c}"
+            else:
+                statement = f"DELETE FROM mv.t WHERE key = {key} AND c = {c}"
+            try:
+                run(cluster, node, statement)
+            except grpc.RpcError as error:  # pragma: no cover - reported below
+                errors.append(f"{statement}: {error.details()}")
+
+    threads = [threading.Thread(target=client_loop, args=(seed, ("n1", "n2", "n3")[seed % 3], 500)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    wait_views_flushed(cluster)
+    base = rows(cluster, "n1", "SELECT * FROM mv.t")
+    expected_view = sorted((r["v"], r["key"], r["c"], r["w"]) for r in base
+                           if r["v"] is not None and r["w"] is not None and r["w"] > 10)
+    expected_index = sorted((r["w"], r["key"], r["c"]) for r in base if r["w"] is not None)
+    for node in ("n1", "n2", "n3"):  # each node reads its own replica of every tablet
+        assert rows(cluster, node, "SELECT * FROM mv.t") == base
+        view = rows(cluster, node, "SELECT * FROM mv.by_v ALLOW STALE")
+        assert sorted((r["v"], r["key"], r["c"], r["w"]) for r in view) == expected_view
+        index = rows(cluster, node, "SELECT * FROM mv.by_w ALLOW STALE")
+        assert sorted((r["w"], r["key"], r["c"]) for r in index) == expected_index
+
+
+def test_unbuilt_view_is_refused_unless_allow_stale(cluster):
+    run(cluster, "n1", "CREATE KEYSPACE st WITH replication = {'rf': 1} AND tablets = {'initial': 2}")
+    run(cluster, "n1", "CREATE TABLE st.t (k int, v int, PRIMARY KEY (k))")
+    run(cluster, "n1", "CREATE MATERIALIZED VIEW st.mv AS SELECT * FROM st.t WHERE v IS NOT NULL AND k IS NOT NULL PRIMARY KEY (v, k)")
+    code, message = error_of(cluster, "n2", "SELECT * FROM st.mv")
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "being built" in message and "ALLOW STALE" in message
+    run(cluster, "n2", "INSERT INTO st.t (k, v) VALUES (1, 5)")
+    assert rows(cluster, "n3", "SELECT * FROM st.mv ALLOW STALE") == [{"v": 5, "k": 1}]
+
+
+def test_a_write_begun_before_a_view_holds_back_the_schema_barrier(cluster):
+    run(cluster, "n1", "CREATE KEYSPACE sb WITH replication = {'rf': 3} AND tablets = {'initial': 1}")
+    run(cluster, "n1", "CREATE TABLE sb.t (k int, v int, PRIMARY KEY (k))")
+    client.inject(addr(cluster, "n2"), "write.replica.before_apply", action="enable", mode="pause")
+    writer = threading.Thread(target=run, args=(cluster, "n1", "INSERT INTO sb.t (k, v) VALUES (1, 1)"))
+    writer.start()
+    try:
+        assert client.inject(addr(cluster, "n2"), "write.replica.before_apply", action="wait_hit", timeout=10)["hit"]
+        run(cluster, "n3", "CREATE MATERIALIZED VIEW sb.mv AS SELECT * FROM sb.t WHERE v IS NOT NULL AND k IS NOT NULL PRIMARY KEY (v, k)")
+        version = client.status(addr(cluster, "n3"))["schema_version"]
+        n2 = client.internode_stub(addr(cluster, "n2"))
+        with pytest.raises(grpc.RpcError) as caught:
+            n2.SchemaBarrier(pb.SchemaBarrierRequest(schema_version=version, timeout=0.5), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert n2.LocalStatus(pb.LocalStatusRequest(), timeout=5).schema_version < version
+    finally:
+        client.inject(addr(cluster, "n2"), "write.replica.before_apply", action="disable")
+        writer.join(timeout=30)
+    assert n2.SchemaBarrier(pb.SchemaBarrierRequest(schema_version=version, timeout=10), timeout=15).schema_version >= version
+
+
+BAD_INPUT = [
+    ("SELEC * FROM rw.t", grpc.StatusCode.INVALID_ARGUMENT, "unexpected 'SELEC'"),
+    ("SELECT * FROM nope.t", grpc.StatusCode.NOT_FOUND, "keyspace 'nope' does not exist"),
+    ("SELECT * FROM rw.nope", grpc.StatusCode.NOT_FOUND, "rw.nope does not exist"),
+    ("SELECT nope FROM rw.t", grpc.StatusCode.INVALID_ARGUMENT, "unknown column 'nope'"),
+    ("INSERT INTO rw.t (id, name) VALUES ('x', 'y')", grpc.StatusCode.INVALID_ARGUMENT, "column 'id' is int"),
+    ("INSERT INTO rw.t (id, nope) VALUES (1, 2)", grpc.StatusCode.INVALID_ARGUMENT, "unknown column 'nope'"),
+    ("INSERT INTO rw.t (id, name) VALUES (99999999999, 'y')", grpc.StatusCode.INVALID_ARGUMENT, "out of range"),
+    ("CREATE TABLE rw.t (id int, PRIMARY KEY (id))", grpc.StatusCode.ALREADY_EXISTS, "rw.t already exists"),
+    ("CREATE KEYSPACE rw WITH replication = {'rf': 1}", grpc.StatusCode.ALREADY_EXISTS, "keyspace 'rw' already exists"),
+    ("CREATE KEYSPACE big WITH replication = {'rf': 4}", grpc.StatusCode.INVALID_ARGUMENT, "exceeds the number of nodes"),
+    ("CREATE KEYSPACE odd WITH replication = {'rf': 1} AND tablets = {'initial': 6}", grpc.StatusCode.INVALID_ARGUMENT, "power of two"),
+    ("DELETE FROM rw.t WHERE name = 'x'", grpc.StatusCode.INVALID_ARGUMENT, "must restrict the partition key"),
+    ("CREATE MATERIALIZED VIEW rw.bad AS SELECT * FROM rw.t WHERE name IS NOT NULL PRIMARY KEY (name)",
+     grpc.StatusCode.INVALID_ARGUMENT, "missing: id"),
+    ("CREATE MATERIALIZED VIEW rw.bad AS SELECT * FROM rw.t WHERE name IS NOT NULL AND score IS NOT NULL "
+     "AND id IS NOT NULL PRIMARY KEY (name, score, id)", grpc.StatusCode.INVALID_ARGUMENT, "at most one non-primary-key"),
+    ("CREATE TABLE rw.u (id float, PRIMARY KEY (id))", grpc.StatusCode.INVALID_ARGUMENT, "float"),
+    ("DROP TABLE rw.nope", grpc.StatusCode.NOT_FOUND, "rw.nope does not exist"),
+]
+
+
+@pytest.mark.parametrize("statement, code, words", BAD_INPUT)
+def test_bad_input_gets_a_clear_error_and_loses_nothing(cluster, rw_table, statement, code, words):
+    before = rows(cluster, "n1", "SELECT COUNT(*) FROM rw.t")
+    got_code, message = error_of(cluster, ("n1", "n2", "n3")[len(statement) % 3], statement)
+    assert got_code == code and words in message, message
+    assert rows(cluster, "n2", "SELECT COUNT(*) FROM rw.t") == before
+
+
+def test_streaming_execute_returns_pages(cluster, rw_table):
+    stub = client.client_stub(addr(cluster, "n3"))
+    pages = list(stub.ExecuteStream(pb.ExecuteRequest(statement="SELECT id FROM rw.t", page_size=300), timeout=30))
+    assert [len(p.rows) for p in pages] == [300, 300, 300, 100]

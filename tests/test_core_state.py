@@ -1,0 +1,333 @@
+"""Unit and property tests of the pure group0 core: apply, placement, tokens, view functions."""
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.core.schema import BUILD_STARTED, Filter
+from coordinator.core.state import Group0State, derived_id
+from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN, tablet_of, tablet_range, token_of
+from coordinator.core.views import view_changes, view_row
+
+# ----------------------------------------------------------------- helpers
+
+
+def cmd(op: str, **fields) -> dict:
+    return {"op": op, "cmd_id": uuid.uuid4().hex, **fields}
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def cluster(nodes: int = 3, shards: int = 2) -> Group0State:
+    state = Group0State()
+    for i in range(1, nodes + 1):
+        assert state.apply(cmd("register_node", node_id=f"n{i}", grpc=f"h:{i}", raft=f"h:{100 + i}", shards=shards)).ok
+    return state
+
+
+def make_table(state: Group0State, rf: int = 3, tablets: int = 4) -> str:
+    assert state.apply(cmd("create_keyspace", name="ks", rf=rf, initial_tablets=tablets)).ok
+    table_id = new_id()
+    outcome = state.apply(cmd("create_table", id=table_id, keyspace="ks", name="t",
+                              columns=[["key", "int"], ["c", "int"], ["v", "text"]],
+                              partition_key=["key"], clustering_key=["c"]))
+    assert outcome.ok, outcome
+    return table_id
+
+
+def make_view(state: Group0State, name: str = "mv", key=("c", "key"), where=None) -> str:
+    view_id = new_id()
+    where = where if where is not None else [[c, "IS NOT NULL", None] for c in key]
+    outcome = state.apply(cmd("create_view", id=view_id, keyspace="ks", name=name, base="t", columns=None,
+                              where=where, partition_key=[key[0]], clustering_key=list(key[1:])))
+    assert outcome.ok, outcome
+    return view_id
+
+
+def error_of(state: Group0State, command: dict) -> tuple[str, str]:
+    outcome = state.apply(command)
+    assert not outcome.ok, f"expected an error, got {outcome}"
+    return outcome.error_code, outcome.error_message
+
+
+def invariant_violations(state: Group0State) -> list[str]:
+    problems = []
+    for table_id, table in state.tables.items():
+        keyspace = state.keyspaces.get(table.keyspace)
+        if keyspace is None:
+            problems.append(f"{table_id} in missing keyspace")
+            continue
+        tablet_map = state.tablets.get(table_id)
+        if tablet_map is None:
+            problems.append(f"{table_id} has no tablet map")
+            continue
+        count = tablet_map.tablet_count
+        if count & (count - 1):
+            problems.append(f"{table_id} tablet count {count} not a power of two")
+        for i, replicas in enumerate(tablet_map.replicas):
+            nodes = [r.node for r in replicas]
+            if len(replicas) != keyspace.rf or len(set(nodes)) != len(nodes):
+                problems.append(f"{table_id} tablet {i} replicas {replicas} vs rf {keyspace.rf}")
+            for r in replicas:
+                if r.node not in state.nodes or not 0 <= r.shard < state.nodes[r.node].shards:
+                    problems.append(f"{table_id} tablet {i} bad replica {r}")
+        if table.view is not None and table.view.base_id not in state.tables:
+            problems.append(f"view {table_id} without base")
+    if set(state.tablets) != set(state.tables):
+        problems.append("tablet maps and tables differ")
+    for task in state.tasks.values():
+        view = state.tables.get(task.view_id)
+        if view is None or view.view is None or view.view.base_id != task.base_id:
+            problems.append(f"task {task.id} refers to a missing view")
+            continue
+        base_map = state.tablets[task.base_id]
+        if task.tablet_id >= base_map.tablet_count or task.replica not in base_map.replicas[task.tablet_id]:
+            problems.append(f"task {task.id} refers to a missing replica {task.replica}")
+    return problems
+
+
+# ----------------------------------------------------------------- tokens
+
+
+def test_tablet_ranges_cover_the_ring_exactly():
+    for count in (1, 2, 4, 8, 1024):
+        ranges = [tablet_range(i, count) for i in range(count)]
+        assert ranges[0][0] == MIN_TOKEN and ranges[-1][1] == MAX_TOKEN
+        for (_, last), (first, _) in zip(ranges, ranges[1:]):
+            assert first == last + 1
+        for i, (first, last) in enumerate(ranges):
+            assert tablet_of(first, count) == i == tablet_of(last, count)
+
+
+def test_split_and_merge_follow_the_id_rule():
+    for n in range(8):
+        first, last = tablet_range(n, 8)
+        assert tablet_range(2 * n, 16)[0] == first and tablet_range(2 * n + 1, 16)[1] == last
+        assert tablet_of(first, 4) == n // 2
+
+
+@given(st.integers(-(2**31), 2**31 - 1), st.text())
+def test_token_is_stable_and_in_range(number, text):
+    token = token_of((number, text), ("int", "text"))
+    assert MIN_TOKEN <= token <= MAX_TOKEN
+    assert token == token_of((number, text), ("int", "text"))
+
+
+def test_token_is_pinned():
+    # Pinned so an accidental change of the hash (which would move every stored row) fails loudly.
+    assert token_of((1,), ("int",)) == 6623817264338725411
+    assert token_of(("a",), ("text",)) == -4892186647446866039
+    assert token_of((1, "x"), ("bigint", "text")) == 2210522080569825011
+
+
+# ----------------------------------------------------------------- schema commands
+
+
+def test_create_view_creates_one_task_per_base_replica_and_marks_nodes_started():
+    state = cluster()
+    table_id = make_table(state, rf=3, tablets=4)
+    view_id = make_view(state)
+    tasks = [t for t in state.tasks.values() if t.view_id == view_id]
+    assert len(tasks) == 4 * 3
+    assert {(t.tablet_id, t.replica) for t in tasks} == {
+        (i, r) for i, rs in enumerate(state.tablets[table_id].replicas) for r in rs}
+    assert all(t.type == "build_range" and t.base_id == table_id and not t.aborted for t in tasks)
+    assert {n for (v, n), s in state.build_status.items() if v == view_id and s == BUILD_STARTED} == {"n1", "n2", "n3"}
+    assert state.view_progress(view_id)["tasks_total"] == 12 and not state.view_is_built(view_id)
+
+
+def test_task_ids_are_derived_deterministically():
+    view_id = new_id()
+    assert derived_id(view_id, "a", 1) == derived_id(view_id, "a", 1) != derived_id(view_id, "a", 2)
+
+
+def test_replicas_are_balanced_across_nodes_and_shards():
+    state = cluster(nodes=4, shards=2)
+    table_id = make_table(state, rf=2, tablets=8)
+    per_node = {}
+    for replicas in state.tablets[table_id].replicas:
+        for r in replicas:
+            per_node[r.node] = per_node.get(r.node, 0) + 1
+    assert sorted(per_node.values()) == [4, 4, 4, 4]
+
+
+def test_index_is_a_view_keyed_by_the_column_then_the_base_key():
+    state = cluster()
+    make_table(state)
+    index_id = new_id()
+    assert state.apply(cmd("create_index", id=index_id, keyspace="ks", name="t_v_idx", base="t", column="v")).ok
+    index = state.tables[index_id]
+    assert index.partition_key == ("v",) and index.clustering_key == ("key", "c") and index.view.is_index
+
+
+@pytest.mark.parametrize("command, code, words", [
+    (dict(op="create_keyspace", name="ks", rf=4, initial_tablets=4), "INVALID_ARGUMENT", "exceeds the number of nodes"),
+    (dict(op="create_keyspace", name="ks", rf=1, initial_tablets=6), "INVALID_ARGUMENT", "power of two"),
+    (dict(op="create_keyspace", name="9ks", rf=1, initial_tablets=4), "INVALID_ARGUMENT", "invalid keyspace name"),
+    (dict(op="create_table", id="0" * 32, keyspace="nope", name="t", columns=[["a", "int"]], partition_key=["a"],
+          clustering_key=[]), "NOT_FOUND", "keyspace 'nope' does not exist"),
+    (dict(op="no_such_op"), "INVALID_ARGUMENT", "unknown command"),
+])
+def test_bad_commands_get_typed_errors(command, code, words):
+    state = cluster()
+    got_code, message = error_of(state, {"cmd_id": new_id(), **command})
+    assert got_code == code and words in message
+
+
+def test_table_errors_name_the_problem():
+    state = cluster()
+    make_table(state)
+    base = dict(keyspace="ks", clustering_key=[])
+    assert error_of(state, cmd("create_table", id=new_id(), name="t", columns=[["a", "int"]], partition_key=["a"],
+                               **base)) == ("ALREADY_EXISTS", "ks.t already exists (as a table)")
+    code, message = error_of(state, cmd("create_table", id=new_id(), name="u", columns=[["a", "float"]],
+                                        partition_key=["a"], **base))
+    assert code == "INVALID_ARGUMENT" and "unknown type 'float'" in message
+    code, message = error_of(state, cmd("create_table", id=new_id(), name="u", columns=[["a", "int"], ["a", "int"]],
+                                        partition_key=["a"], **base))
+    assert "listed twice" in message
+    code, message = error_of(state, cmd("create_table", id=new_id(), name="u", columns=[["a", "int"]],
+                                        partition_key=["b"], **base))
+    assert "'b'" in message and "not a defined column" in message
+
+
+def test_view_key_rules():
+    state = cluster()
+    state.apply(cmd("create_keyspace", name="ks", rf=1, initial_tablets=1))
+    state.apply(cmd("create_table", id=new_id(), keyspace="ks", name="t",
+                    columns=[["key", "int"], ["c", "int"], ["v", "text"], ["w", "int"]],
+                    partition_key=["key"], clustering_key=["c"]))
+
+    def view(pk, ck, where):
+        return cmd("create_view", id=new_id(), keyspace="ks", name="mv", base="t", columns=None,
+                   where=[[c, "IS NOT NULL", None] for c in where], partition_key=pk, clustering_key=ck)
+
+    assert "missing: c" in error_of(state, view(["v"], ["key"], ["v", "key"]))[1]
+    assert "at most one non-primary-key column" in error_of(state, view(["v"], ["w", "key", "c"], ["v", "w", "key", "c"]))[1]
+    assert "IS NOT NULL" in error_of(state, view(["v"], ["key", "c"], ["key", "c"]))[1]
+    assert state.apply(view(["v"], ["key", "c"], ["v", "key", "c"])).ok
+
+
+def test_drops_remove_tasks_and_dependent_state():
+    state = cluster()
+    make_table(state)
+    view_id = make_view(state)
+    assert error_of(state, cmd("drop_table", keyspace="ks", name="t"))[0] == "FAILED_PRECONDITION"
+    assert error_of(state, cmd("drop_view", keyspace="ks", name="mv", is_index=True))[1].endswith("DROP MATERIALIZED VIEW")
+    assert state.apply(cmd("drop_view", keyspace="ks", name="mv")).ok
+    assert view_id not in state.tables and not state.tasks and not state.build_status
+    assert state.apply(cmd("drop_table", keyspace="ks", name="t")).ok
+    assert state.apply(cmd("drop_keyspace", name="ks")).ok
+    assert not state.tables and not state.tablets and not state.keyspaces
+
+
+def test_rf_change_resizes_replica_sets_and_tasks():
+    state = cluster(nodes=3)
+    make_table(state, rf=3, tablets=2)
+    view_id = make_view(state)
+    assert state.apply(cmd("alter_keyspace", name="ks", rf=2, id_seed=new_id())).ok
+    assert len(list(state.tasks_of_view(view_id))) == 2 * 2
+    assert state.apply(cmd("alter_keyspace", name="ks", rf=3, id_seed=new_id())).ok
+    assert len(list(state.tasks_of_view(view_id))) == 2 * 3
+    assert invariant_violations(state) == []
+
+
+def test_a_retried_command_returns_the_first_outcome_and_changes_nothing():
+    state = cluster()
+    command = cmd("create_keyspace", name="ks", rf=1, initial_tablets=1)
+    first = state.apply(command)
+    version = state.schema_version
+    assert state.apply(command) == first and state.schema_version == version
+
+
+# ----------------------------------------------------------------- view function
+
+
+def test_view_changes_on_key_change_filter_and_delete():
+    state = cluster()
+    make_table(state)
+    view_id = make_view(state, key=("v", "key", "c"), where=[["v", "IS NOT NULL", None], ["key", "IS NOT NULL", None],
+                                                              ["c", "IS NOT NULL", None], ["c", "<", 100]])
+    view = state.tables[view_id]
+    old = {"key": 1, "c": 2, "v": "a"}
+    new = {"key": 1, "c": 2, "v": "b"}
+    changes = view_changes(view, old, new)
+    assert [c.is_delete for c in changes] == [True, False]
+    assert changes[0].key == ("a", 1, 2) and changes[1].key == ("b", 1, 2)
+    assert view_changes(view, new, None)[0].key == ("b", 1, 2)
+    assert view_row(view, {"key": 1, "c": 200, "v": "x"}) is None  # filtered out
+    assert view_row(view, {"key": 1, "c": 2}) is None  # null view key
+    assert view_changes(view, new, dict(new)) == []
+
+
+@given(st.sampled_from(["=", "!=", "<", "<=", ">", ">="]), st.integers(-5, 5), st.one_of(st.none(), st.integers(-5, 5)))
+def test_filters_never_match_null_and_agree_with_python(op, bound, value):
+    from coordinator.core.views import matches
+
+    result = matches((Filter("x", op, bound),), {"x": value})
+    if value is None:
+        assert result is False
+    else:
+        expected = {"=": value == bound, "!=": value != bound, "<": value < bound, "<=": value <= bound,
+                    ">": value > bound, ">=": value >= bound}[op]
+        assert result is expected
+
+
+# ----------------------------------------------------------------- property tests
+
+NAMES = st.sampled_from(["a", "b", "c"])
+IDS = st.uuids().map(lambda u: u.hex)
+
+
+def _commands():
+    register = st.builds(lambda i, s: {"op": "register_node", "node_id": f"n{i}", "grpc": f"g{i}", "raft": f"r{i}",
+                                       "shards": s}, st.integers(1, 5), st.integers(1, 3))
+    keyspace = st.builds(lambda n, rf, t: {"op": "create_keyspace", "name": n, "rf": rf, "initial_tablets": t},
+                         NAMES, st.integers(1, 4), st.sampled_from([1, 2, 4, 8, 3]))
+    alter = st.builds(lambda n, rf, seed: {"op": "alter_keyspace", "name": n, "rf": rf, "id_seed": seed},
+                      NAMES, st.integers(1, 4), IDS)
+    table = st.builds(lambda i, ks, n: {"op": "create_table", "id": i, "keyspace": ks, "name": "t" + n,
+                                        "columns": [["k", "int"], ["c", "int"], ["v", "text"]],
+                                        "partition_key": ["k"], "clustering_key": ["c"]}, IDS, NAMES, NAMES)
+    view = st.builds(lambda i, ks, n, b: {"op": "create_view", "id": i, "keyspace": ks, "name": "v" + n,
+                                          "base": "t" + b, "columns": None,
+                                          "where": [[c, "IS NOT NULL", None] for c in ("c", "k")],
+                                          "partition_key": ["c"], "clustering_key": ["k"]}, IDS, NAMES, NAMES, NAMES)
+    index = st.builds(lambda i, ks, n, b: {"op": "create_index", "id": i, "keyspace": ks, "name": "i" + n,
+                                           "base": "t" + b, "column": "v"}, IDS, NAMES, NAMES, NAMES)
+    drop_view = st.builds(lambda ks, n: {"op": "drop_view", "keyspace": ks, "name": "v" + n}, NAMES, NAMES)
+    drop_table = st.builds(lambda ks, n: {"op": "drop_table", "keyspace": ks, "name": "t" + n}, NAMES, NAMES)
+    drop_ks = st.builds(lambda n: {"op": "drop_keyspace", "name": n}, NAMES)
+    one = st.one_of(register, keyspace, alter, table, view, index, drop_view, drop_table, drop_ks)
+    return st.lists(st.tuples(one, IDS).map(lambda p: {**p[0], "cmd_id": p[1]}), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_commands())
+def test_invariants_hold_after_any_command_sequence(commands):
+    state = Group0State()
+    for command in commands:
+        state.apply(command)
+        assert invariant_violations(state) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(_commands(), st.randoms(use_true_random=False))
+def test_apply_is_deterministic_and_retries_change_nothing(commands, rnd):
+    first, second = Group0State(), Group0State()
+    outcomes_first = [first.apply(c) for c in commands]
+    outcomes_second = []
+    for command in commands:
+        outcomes_second.append(second.apply(command))
+        if rnd.random() < 0.3:
+            assert second.apply(command) == outcomes_second[-1]  # a retry returns the first outcome
+    assert outcomes_first == outcomes_second
+    comparable = ("nodes", "keyspaces", "tables", "tablets", "tasks", "build_status", "tasks_created", "schema_version")
+    assert {k: getattr(first, k) for k in comparable} == {k: getattr(second, k) for k in comparable}
+    assert pickle.loads(pickle.dumps(first)).tables == first.tables

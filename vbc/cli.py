@@ -1,0 +1,637 @@
+"""The `vbc` command line: run a node, manage a local cluster, run statements and inspect a running cluster."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from vbc import client
+from vbc import cluster as cluster_mod
+
+ADDR_ENV = "VBC_ADDR"
+NO_TARGET_MESSAGE = "give --addr HOST:PORT or --cluster DIR"
+DEFAULT_WATCH_SECONDS = 2.0
+FOREGROUND_REFRESH_SECONDS = 2.0
+
+
+class UsageError(Exception):
+    """A usage problem found after parsing; reported like argparse does (exit status 2)."""
+
+
+# ------------------------------------------------------------------ argument types
+
+
+def host_port(text: str) -> str:
+    """argparse type for HOST:PORT."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port in 1-65535, got {text!r}")
+    return text
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def parse_peers(text: str) -> dict[str, tuple[str, str]]:
+    """--peers ID=GRPC/RAFT,... -> {id: (grpc, raft)}; an empty string means no peers."""
+    peers: dict[str, tuple[str, str]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        node_id, eq, addresses = item.partition("=")
+        grpc_addr, slash, raft_addr = addresses.partition("/")
+        if not eq or not slash or not node_id.strip():
+            raise argparse.ArgumentTypeError(
+                f"bad peer {item!r}: expected ID=GRPC_HOST:PORT/RAFT_HOST:PORT, e.g. n2=127.0.0.1:9044/127.0.0.1:9045"
+            )
+        node_id = node_id.strip()
+        try:
+            peer = (host_port(grpc_addr.strip()), host_port(raft_addr.strip()))
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"bad peer {item!r}: {exc}") from None
+        if node_id in peers:
+            raise argparse.ArgumentTypeError(f"peer {node_id!r} is given twice")
+        peers[node_id] = peer
+    return peers
+
+
+def table_name(text: str) -> str:
+    keyspace, dot, name = text.partition(".")
+    if not dot or not keyspace or not name:
+        raise argparse.ArgumentTypeError(f"expected KS.TABLE, got {text!r}")
+    return text
+
+
+# ------------------------------------------------------------------ parser
+
+
+def target_options() -> argparse.ArgumentParser:
+    """The --addr / --cluster options shared by every client command."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_mutually_exclusive_group()
+    group.add_argument("--addr", type=host_port, metavar="HOST:PORT", help="gRPC address of any node")
+    group.add_argument("--cluster", metavar="DIR", help="data dir of a local cluster (any live node of DIR/cluster.json)")
+    return parent
+
+
+def add_node_parser(commands) -> None:
+    node = commands.add_parser("node", help="run a node")
+    node_commands = node.add_subparsers(dest="node_command", metavar="COMMAND", required=True)
+    start = node_commands.add_parser("start", help="run one node in the foreground until SIGTERM/SIGINT")
+    start.add_argument("--id", required=True, help="node id, e.g. n1")
+    start.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    start.add_argument("--grpc", required=True, type=host_port, metavar="HOST:PORT", help="client/admin gRPC address")
+    start.add_argument("--raft", required=True, type=host_port, metavar="HOST:PORT", help="Raft address")
+    start.add_argument("--peers", type=parse_peers, default={}, metavar="ID=GRPC/RAFT,...", help="the other nodes")
+    start.add_argument("--shards", type=positive_int, default=1, metavar="N")
+    start.add_argument("--storage-url", metavar="URL", help="storage backend URL")
+    start.set_defaults(handler=cmd_node_start)
+
+
+def add_cluster_parser(commands) -> None:
+    cluster = commands.add_parser("cluster", help="manage a local development cluster")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+
+    up = cluster_commands.add_parser("up", help="start N node processes on 127.0.0.1")
+    up.add_argument("--nodes", type=positive_int, required=True, metavar="N")
+    up.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    up.add_argument("--shards", type=positive_int, default=1, metavar="S")
+    up.add_argument("--base-port", type=positive_int, metavar="P", help="grpc = P+2(i-1), raft = P+2(i-1)+1")
+    up.add_argument("--storage-url", metavar="URL")
+    up.add_argument("--detach", action="store_true", help="return once the cluster is up, leaving it running")
+    up.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
+    up.set_defaults(handler=cmd_cluster_up)
+
+    down = cluster_commands.add_parser("down", help="stop every node (the data is kept)")
+    down.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    down.add_argument("--timeout", type=positive_float, default=cluster_mod.STOP_TIMEOUT, metavar="S")
+    down.set_defaults(handler=cmd_cluster_down)
+
+    stop = cluster_commands.add_parser("stop-node", help="stop one node")
+    stop.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    stop.add_argument("id", metavar="ID")
+    stop.add_argument("--kill", action="store_true", help="SIGKILL instead of SIGTERM")
+    stop.add_argument("--timeout", type=positive_float, default=cluster_mod.STOP_TIMEOUT, metavar="S")
+    stop.set_defaults(handler=cmd_cluster_stop_node)
+
+    start = cluster_commands.add_parser("start-node", help="restart one node with its recorded arguments")
+    start.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    start.add_argument("id", metavar="ID")
+    start.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
+    start.set_defaults(handler=cmd_cluster_start_node)
+
+
+def add_client_parsers(commands) -> None:
+    target = target_options()
+
+    execute = commands.add_parser("exec", parents=[target], help="run one CQL statement")
+    execute.add_argument("statement", metavar="STATEMENT", help="the statement, or - to read it from stdin")
+    execute.add_argument("--json", action="store_true", help="one JSON object per result row")
+    execute.add_argument("--timeout", type=positive_float, default=client.DEFAULT_TIMEOUT, metavar="S")
+    execute.set_defaults(handler=cmd_exec)
+
+    status = commands.add_parser("status", parents=[target], help="cluster, node and view-building status")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--watch", type=positive_float, nargs="?", const=DEFAULT_WATCH_SECONDS, metavar="SECONDS",
+                        help=f"refresh every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C")
+    status.set_defaults(handler=cmd_status)
+
+    tablets = commands.add_parser("tablets", parents=[target], help="the tablets of a table")
+    tablets.add_argument("table", type=table_name, metavar="KS.TABLE")
+    tablets.add_argument("--json", action="store_true", help="one JSON object per tablet")
+    tablets.set_defaults(handler=cmd_tablets)
+
+    inject = commands.add_parser("inject", parents=[target], help="error injection points of a running node")
+    inject.add_argument("name", nargs="?", metavar="NAME", help="injection point")
+    inject.add_argument("--node", metavar="ID", help="act on this node (default: the node connected to)")
+    action = inject.add_mutually_exclusive_group(required=True)
+    action.add_argument("--enable", action="store_true")
+    action.add_argument("--disable", action="store_true")
+    action.add_argument("--wait-hit", type=positive_float, metavar="SECONDS",
+                        help="exit 0 once the point was hit, 1 after SECONDS without a hit")
+    action.add_argument("--list", action="store_true", help="list the injection points")
+    inject.add_argument("--one-shot", action="store_true", help="with --enable: disable after the first hit")
+    inject.add_argument("--mode", choices=["fail", "pause"], help="with --enable: fail (default) or pause")
+    inject.add_argument("--json", action="store_true")
+    inject.set_defaults(handler=cmd_inject)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vbc", description="vbc: materialized views over tablet-partitioned tables")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_node_parser(commands)
+    add_cluster_parser(commands)
+    add_client_parsers(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `vbc` console script; returns the exit status (2 on usage errors)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return run(args)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except UsageError as exc:
+        parser_for(parser, argv).print_usage(sys.stderr)
+        print(f"vbc: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def parser_for(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.ArgumentParser:
+    """The sub-parser of the command in `argv` (for its usage line)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    current = parser
+    for word in words:
+        subparsers = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subparsers or word not in subparsers[0].choices:
+            break
+        current = subparsers[0].choices[word]
+    return current
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen command, turning operation errors into `error: ...` on stderr and exit status 1."""
+    try:
+        return args.handler(args) or 0
+    except grpc.RpcError as exc:
+        print(f"error: {client.error_text(exc)}", file=sys.stderr)
+    except (cluster_mod.ClusterError, client.ClusterFileError, LookupError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+# ------------------------------------------------------------------ shared helpers
+
+
+def stdout_console() -> Console:
+    """A console on the current stdout; wide when not a terminal so tables are not squeezed in pipes."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(file=sys.stdout, width=int(os.environ.get("COLUMNS", 0)) or 240)
+
+
+def target_addresses(args: argparse.Namespace) -> list[str]:
+    """The addresses named by --addr, --cluster or $VBC_ADDR (comma separated)."""
+    if args.addr:
+        return [args.addr]
+    if args.cluster:
+        return client.addresses_from_cluster(args.cluster)
+    from_env = [a.strip() for a in os.environ.get(ADDR_ENV, "").split(",") if a.strip()]
+    if from_env:
+        return from_env
+    raise UsageError(NO_TARGET_MESSAGE)
+
+
+def cell(value: object) -> Text:
+    """A table cell for a Python value (no markup interpretation)."""
+    if value is None:
+        return Text("null", style="dim")
+    if isinstance(value, bool):
+        return Text("true" if value else "false")
+    return Text(str(value))
+
+
+def json_line(document: object) -> str:
+    return json.dumps(document, ensure_ascii=False)
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM behave like Ctrl-C so `finally` blocks run."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+# ------------------------------------------------------------------ vbc node start
+
+
+def die_with_parent() -> None:
+    """When started by a test harness ($VBC_PARENT_PID), get SIGKILLed if that process dies (Linux)."""
+    parent = os.environ.get(cluster_mod.PARENT_PID_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if str(os.getppid()) != parent:
+        os._exit(1)
+
+
+def cmd_node_start(args: argparse.Namespace) -> int:
+    if args.id in args.peers:
+        raise UsageError(f"--peers lists the node itself ({args.id})")
+    addresses = [args.grpc, args.raft] + [a for peer in args.peers.values() for a in peer]
+    if len(set(addresses)) != len(addresses):
+        raise UsageError("every --grpc, --raft and peer address must be distinct")
+    die_with_parent()
+    try:
+        from vbc.node import NodeConfig, serve
+    except ModuleNotFoundError as exc:
+        if exc.name != "vbc.node":
+            raise
+        print("error: the node daemon (vbc.node) is not installed", file=sys.stderr)
+        return 1
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
+                        peers=args.peers, shards=args.shards, storage_url=args.storage_url)
+    serve(config)
+    return 0
+
+
+# ------------------------------------------------------------------ vbc cluster ...
+
+
+def nodes_table(nodes: list[dict]) -> Table:
+    table = Table(title="nodes", title_justify="left")
+    for column in ("id", "grpc", "raft", "pid", "log"):
+        table.add_column(column)
+    for node in nodes:
+        table.add_row(*(cell(node.get(key)) for key in ("id", "grpc", "raft", "pid", "log")))
+    return table
+
+
+def start_failure(exc: cluster_mod.ClusterStartError) -> int:
+    print(f"error: {exc.report()}", file=sys.stderr)
+    return 1
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    console = stdout_console()
+    stop_on_sigterm()
+    try:
+        with console.status(f"starting {args.nodes} node(s) in {args.data_dir} ...") as spinner:
+            cluster = cluster_mod.start_cluster(
+                args.data_dir, nodes=args.nodes, shards=args.shards, base_port=args.base_port,
+                storage_url=args.storage_url, timeout=args.timeout,
+                progress=lambda message: spinner.update(f"starting: {message}"),
+            )
+    except cluster_mod.ClusterStartError as exc:
+        return start_failure(exc)
+    console.print(nodes_table(cluster["nodes"]))
+    console.print(Text(f"cluster is up, leader {cluster['leader']}"))
+    if args.detach:
+        console.print(Text(f"stop it with: vbc cluster down --data-dir {args.data_dir}"))
+        return 0
+    return run_in_foreground(console, args.data_dir, cluster)
+
+
+def foreground_view(addresses: list[str], nodes: list[dict]):
+    exited = [f"{n['id']} (exit code {cluster_mod.exit_code(n['pid'])})" for n in nodes if not cluster_mod.pid_alive(n["pid"])]
+    parts = []
+    try:
+        parts.append(render_status(client.status(addresses, timeout=5.0)))
+    except grpc.RpcError as exc:
+        parts.append(Text(f"status unavailable: {client.error_text(exc)}", style="red"))
+    if exited:
+        parts.append(Text(f"node process exited: {', '.join(exited)} (see its node.log)", style="red"))
+    parts.append(Text("Ctrl-C stops the cluster", style="dim"))
+    return Group(*parts)
+
+
+def run_in_foreground(console: Console, data_dir: Path, cluster: dict) -> int:
+    """Show the status until Ctrl-C/SIGTERM, then stop the nodes."""
+    addresses = [node["grpc"] for node in cluster["nodes"]]
+    try:
+        if console.is_terminal:
+            with Live(foreground_view(addresses, cluster["nodes"]), console=console, auto_refresh=False) as live:
+                while True:
+                    time.sleep(FOREGROUND_REFRESH_SECONDS)
+                    live.update(foreground_view(addresses, cluster["nodes"]), refresh=True)
+        else:
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print_stop_outcome(console, cluster_mod.stop_cluster(data_dir))
+    return 0
+
+
+def print_stop_outcome(console: Console, outcome: dict[str, str]) -> None:
+    for node_id, what in outcome.items():
+        console.print(Text(f"{node_id}: {what}"))
+
+
+def cmd_cluster_down(args: argparse.Namespace) -> int:
+    print_stop_outcome(stdout_console(), cluster_mod.stop_cluster(args.data_dir, timeout=args.timeout))
+    return 0
+
+
+def cmd_cluster_stop_node(args: argparse.Namespace) -> int:
+    outcome = cluster_mod.stop_node(args.data_dir, args.id, kill=args.kill, timeout=args.timeout)
+    print(f"{args.id}: {outcome}")
+    return 0
+
+
+def cmd_cluster_start_node(args: argparse.Namespace) -> int:
+    try:
+        pid = cluster_mod.start_node(args.data_dir, args.id, timeout=args.timeout)
+    except cluster_mod.ClusterStartError as exc:
+        return start_failure(exc)
+    node = cluster_mod.find_node(cluster_mod.load_cluster(args.data_dir), args.id)
+    print(f"{args.id}: started (pid {pid}, grpc {node['grpc']})")
+    return 0
+
+
+# ------------------------------------------------------------------ vbc exec
+
+
+def read_statement(text: str) -> str:
+    statement = sys.stdin.read() if text == "-" else text
+    if not statement.strip():
+        raise UsageError("the statement is empty")
+    return statement
+
+
+def result_json_lines(columns: list[str], rows: list[list], message: str) -> list[str]:
+    """--json output: one object per row, or {"message": ...} for an answer without columns."""
+    if not columns:
+        return [json_line({"message": message})]
+    return [json_line(dict(zip(columns, row))) for row in rows]
+
+
+def result_table(columns: list[str], types: list[str], rows: list[list]) -> Table:
+    table = Table()
+    for name, column_type in zip(columns, types):
+        table.add_column(Text.assemble(name, (f" {column_type}", "dim")) if column_type else Text(name))
+    for row in rows:
+        table.add_row(*(cell(value) for value in row))
+    return table
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    addresses = target_addresses(args)
+    statement = read_statement(args.statement)
+    response = client.execute_response(addresses, statement, timeout=args.timeout)
+    columns, rows, message = client.result_from_response(response)
+    if args.json:
+        for line in result_json_lines(columns, rows, message):
+            print(line)
+        return 0
+    if not columns:
+        print(message or "ok")
+        return 0
+    console = stdout_console()
+    console.print(result_table(columns, [c.type for c in response.columns], rows))
+    console.print(Text(f"({len(rows)} row{'' if len(rows) == 1 else 's'})", style="dim"))
+    return 0
+
+
+# ------------------------------------------------------------------ vbc status
+
+
+def progress_cell(progress: float) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_row(ProgressBar(total=1.0, completed=max(0.0, min(progress, 1.0)), width=20), Text(f"{progress:6.1%}"))
+    return grid
+
+
+def status_nodes_table(nodes: list[dict], leader: str) -> Table:
+    table = Table(title="nodes", title_justify="left")
+    for column in ("id", "grpc", "raft", "alive", "shards", "schema", "pending view updates"):
+        table.add_column(column)
+    for node in nodes:
+        name = Text(node["id"] + (" (leader)" if node["id"] == leader else ""))
+        alive = Text("up", style="green") if node["alive"] else Text("DOWN", style="bold red")
+        table.add_row(name, cell(node["grpc"]), cell(node.get("raft", "")), alive, cell(node.get("shards", "")),
+                      cell(node.get("schema_version", "")), cell(node.get("pending_view_updates", "")))
+    return table
+
+
+def hosts_text(hosts: dict[str, str]) -> Text:
+    text = Text()
+    for index, (node_id, state) in enumerate(sorted(hosts.items())):
+        if index:
+            text.append(" ")
+        text.append(f"{node_id}:{state}", style="green" if state == "SUCCESS" else "yellow")
+    return text
+
+
+def status_views_table(views: list[dict]) -> Table:
+    table = Table(title="views", title_justify="left")
+    for column in ("name", "base", "kind", "state", "tasks", "progress", "hosts"):
+        table.add_column(column)
+    for view in views:
+        state = Text(view["state"], style="green" if view["state"] == "BUILT" else "yellow")
+        table.add_row(cell(view["name"]), cell(view["base"]), Text("index" if view.get("is_index") else "view"), state,
+                      Text(f"{view['tasks_done']}/{view['tasks_total']}"), progress_cell(view["progress"]),
+                      hosts_text(view["hosts"]))
+    return table
+
+
+def render_status(document: dict) -> Group:
+    """A readable rendering of `client.status()`."""
+    header = Text.assemble(("leader ", "bold"), document["leader"] or "(none)", ("  term ", "bold"), str(document["term"]))
+    if document.get("schema_version") is not None:
+        header.append_text(Text.assemble(("  schema ", "bold"), str(document["schema_version"])))
+    if document.get("answered_by"):
+        header.append_text(Text.assemble(("  answered by ", "bold"), document["answered_by"]))
+    parts = [header, status_nodes_table(document["nodes"], document["leader"])]
+    parts.append(status_views_table(document["views"]) if document["views"] else Text("no views", style="dim"))
+    return Group(*parts)
+
+
+def watch_status(addresses: list[str], as_json: bool, seconds: float) -> int:
+    """Re-render the status every `seconds` until Ctrl-C."""
+    console = stdout_console()
+
+    def view():
+        try:
+            return render_status(client.status(addresses))
+        except grpc.RpcError as exc:
+            return Text(f"error: {client.error_text(exc)}", style="red")
+
+    try:
+        if as_json:
+            while True:
+                try:
+                    print(json_line(client.status(addresses)), flush=True)
+                except grpc.RpcError as exc:
+                    print(f"error: {client.error_text(exc)}", file=sys.stderr, flush=True)
+                time.sleep(seconds)
+        with Live(view(), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(seconds)
+                live.update(view(), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    addresses = target_addresses(args)
+    if args.watch is not None:
+        return watch_status(addresses, args.json, args.watch)
+    document = client.status(addresses)
+    if args.json:
+        print(json.dumps(document, indent=2, ensure_ascii=False))
+    else:
+        stdout_console().print(render_status(document))
+    return 0
+
+
+# ------------------------------------------------------------------ vbc tablets
+
+
+def tablets_table(table: str, tablets: list[dict]) -> Table:
+    rendered = Table(title=f"tablets of {table}", title_justify="left")
+    for column in ("tablet", "first_token", "last_token", "replicas"):
+        rendered.add_column(column, justify="right" if column != "replicas" else "left")
+    for tablet in tablets:
+        rendered.add_row(cell(tablet["tablet"]), cell(tablet["first_token"]), cell(tablet["last_token"]),
+                         Text(", ".join(tablet["replicas"])))
+    return rendered
+
+
+def cmd_tablets(args: argparse.Namespace) -> int:
+    tablets = client.tablets(target_addresses(args), args.table)
+    if args.json:
+        for tablet in tablets:
+            print(json_line(tablet))
+    else:
+        stdout_console().print(tablets_table(args.table, tablets))
+    return 0
+
+
+# ------------------------------------------------------------------ vbc inject
+
+
+def check_inject_arguments(args: argparse.Namespace) -> None:
+    if not args.list and not args.name:
+        raise UsageError("give the injection point NAME (or --list)")
+    if (args.one_shot or args.mode) and not args.enable:
+        raise UsageError("--one-shot and --mode go with --enable")
+
+
+def inject_target(args: argparse.Namespace, addresses: list[str]) -> list[str]:
+    """The node to act on: --node ID resolved through cluster.json or Admin.Status, else the connected node."""
+    if not args.node:
+        return addresses
+    if args.cluster:
+        address = client.node_address_from_cluster(args.cluster, args.node)
+        if address:
+            return [address]
+    return [client.node_address(addresses, args.node)]
+
+
+def injection_points_table(result: dict) -> Table:
+    table = Table(title=f"injection points of {result['node'] or 'the node'}", title_justify="left")
+    for column in ("name", "enabled", "mode", "one_shot", "hits"):
+        table.add_column(column)
+    for point in result["points"]:
+        table.add_row(*(cell(point[column]) for column in ("name", "enabled", "mode", "one_shot", "hits")))
+    return table
+
+
+def cmd_inject(args: argparse.Namespace) -> int:
+    check_inject_arguments(args)
+    target = inject_target(args, target_addresses(args))
+    if args.list:
+        result = client.inject(target, args.name or "", "list")
+        if args.json:
+            print(json_line(result))
+        else:
+            stdout_console().print(injection_points_table(result))
+        return 0
+    if args.wait_hit is not None:
+        return wait_for_hit(target, args)
+    action = "enable" if args.enable else "disable"
+    result = client.inject(target, args.name, action, mode=args.mode or "", one_shot=args.one_shot)
+    if args.json:
+        print(json_line(result))
+    elif args.enable:
+        details = f"mode {args.mode or 'fail'}" + (", one-shot" if args.one_shot else "")
+        print(f"{args.name}: enabled on {result['node'] or target[0]} ({details})")
+    else:
+        print(f"{args.name}: disabled on {result['node'] or target[0]}")
+    return 0
+
+
+def wait_for_hit(target: list[str], args: argparse.Namespace) -> int:
+    try:
+        result = client.inject(target, args.name, "wait_hit", wait_timeout=args.wait_hit)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+        result = {"node": "", "hit": False, "points": []}
+    if args.json:
+        print(json_line(result))
+    if result["hit"]:
+        if not args.json:
+            print(f"{args.name}: hit on {result['node'] or target[0]}")
+        return 0
+    print(f"{args.name}: not hit within {args.wait_hit:g} s", file=sys.stderr)
+    return 1
