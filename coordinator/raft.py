@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -191,6 +192,7 @@ class Group0:
                  state_machine: StateMachine, password: str, on_applied: Callable[[int], None] | None = None,
                  raft_overrides: Mapping[str, object] | None = None):
         _check_membership(node_id, raft_addr, peers)
+        _check_picklable(state_machine)
         if not password:
             raise ValueError("group0 needs a non-empty Raft password: the transport unpickles what it receives")
         self._node_id = node_id
@@ -199,7 +201,9 @@ class Group0:
         self._node_ids_by_addr = {addr: peer_id for peer_id, addr in self._peers.items()}
         self._node_ids_by_addr[raft_addr] = node_id
         self._data_dir = Path(data_dir)
-        self._conf = SyncObjConf(**{**raft_options(self._data_dir, password), **(raft_overrides or {})})
+        # bindAddress: listen on the configured host only (pysyncobj would otherwise bind 0.0.0.0)
+        self._conf = SyncObjConf(**{**raft_options(self._data_dir, password), "bindAddress": raft_addr,
+                                    **(raft_overrides or {})})
         self._state = _ReplicatedState(state_machine, on_applied)
         self._syncobj: SyncObj | None = None
         self._lifecycle_lock = threading.Lock()
@@ -384,7 +388,8 @@ class Group0:
         details = [headline, self._connectivity_summary()]
         if last_failure is not None:
             details.append(f"last attempt failed with {_reason(last_failure)}")
-        details.append("the outcome is unknown: retry with the same command (same id)")
+        if what == "command":
+            details.append("the command may still be applied later: retry it unchanged (same command id)")
         return Group0Unavailable("; ".join(details))
 
     def _connectivity_summary(self) -> str:
@@ -405,6 +410,14 @@ def _check_membership(node_id: str, raft_addr: str, peers: Mapping[str, str]) ->
         raise ValueError(f"peers must list the other members only, but it contains {raft_addr!r}")
     if len(set(peers.values())) != len(peers):
         raise ValueError(f"two peers share a raft address: {dict(peers)!r}")
+
+
+def _check_picklable(state_machine: StateMachine) -> None:
+    # pysyncobj only logs "Failed to store full dump" and lets the journal grow: fail early instead
+    try:
+        pickle.dumps(state_machine)
+    except Exception as error:
+        raise TypeError(f"the group0 state machine must be picklable, full dumps pickle it: {error}") from None
 
 
 def _reason(failure: object) -> str:

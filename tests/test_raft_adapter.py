@@ -7,11 +7,13 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from coordinator.raft import DUMP_FILE, Group0, Group0Unavailable, StateMachineError
 
+T = TypeVar("T")
 PASSWORD = "group0-test-secret"
 ELECTION_TIMEOUT = 10.0
 
@@ -47,13 +49,14 @@ def put(key: str, value: object, cmd_id: str | None = None) -> dict:
     return {"op": "put", "key": key, "value": value, "cmd_id": cmd_id or f"put-{key}-{value}"}
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
     """Observe external state (elections, files) by polling; never used to order Raft operations."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not (result := predicate()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+    return result
 
 
 def free_loopback_ports(count: int) -> list[int]:
@@ -92,8 +95,9 @@ class Cluster:
         self.members.pop(node_id).close()
 
     def close_all(self) -> None:
-        for node_id in list(self.members):
-            self.close_member(node_id)
+        with ExitStack() as closing:  # closes every member even if one close() raises
+            for node_id in list(self.members):
+                closing.callback(self.close_member, node_id)
 
     def restart_all(self) -> None:
         self.close_all()
@@ -108,8 +112,7 @@ class Cluster:
             leader = self.members.get(leader_ids.pop()) if len(leader_ids) == 1 else None
             return leader if leader is not None and leader.is_leader else None
 
-        wait_until(agreed_leader, timeout, "all running members to agree on one leader")
-        return agreed_leader()
+        return wait_until(agreed_leader, timeout, "all running members to agree on one leader")
 
     def follower(self) -> Group0:
         return next(member for member in self.running() if not member.is_leader)
@@ -313,13 +316,18 @@ def _capture(errors: list[Exception], fn: Callable, *args, **kwargs) -> None:
         errors.append(error)
 
 
-def test_rejects_membership_that_lists_this_node_as_a_peer(tmp_path):
+def test_rejects_bad_membership_an_empty_password_and_an_unpicklable_state_machine(tmp_path):
     with pytest.raises(ValueError, match="other members only"):
         Group0(node_id="n1", raft_addr="127.0.0.1:1", peers={"n1": "127.0.0.1:1"}, data_dir=tmp_path,
                state_machine=KeyValue(), password=PASSWORD)
     with pytest.raises(ValueError, match="password"):
         Group0(node_id="n1", raft_addr="127.0.0.1:1", peers={"n2": "127.0.0.1:2"}, data_dir=tmp_path,
                state_machine=KeyValue(), password="")
+    unpicklable = KeyValue()
+    unpicklable.data["lock"] = threading.Lock()
+    with pytest.raises(TypeError, match="picklable"):
+        Group0(node_id="n1", raft_addr="127.0.0.1:1", peers={"n2": "127.0.0.1:2"}, data_dir=tmp_path,
+               state_machine=unpicklable, password=PASSWORD)
 
 
 def test_start_fails_when_the_raft_port_is_taken(tmp_path):

@@ -111,7 +111,7 @@ def add_node_parser(commands) -> None:
     start.add_argument("--peers", type=parse_peers, default={}, metavar="ID=GRPC/RAFT,...", help="the other nodes")
     start.add_argument("--shards", type=positive_int, default=1, metavar="N")
     start.add_argument("--storage-url", metavar="URL", help="storage backend URL")
-    start.set_defaults(handler=cmd_node_start)
+    start.set_defaults(handler=cmd_node_start, parser=start)
 
 
 def add_cluster_parser(commands) -> None:
@@ -126,25 +126,25 @@ def add_cluster_parser(commands) -> None:
     up.add_argument("--storage-url", metavar="URL")
     up.add_argument("--detach", action="store_true", help="return once the cluster is up, leaving it running")
     up.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
-    up.set_defaults(handler=cmd_cluster_up)
+    up.set_defaults(handler=cmd_cluster_up, parser=up)
 
     down = cluster_commands.add_parser("down", help="stop every node (the data is kept)")
     down.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
     down.add_argument("--timeout", type=positive_float, default=cluster_mod.STOP_TIMEOUT, metavar="S")
-    down.set_defaults(handler=cmd_cluster_down)
+    down.set_defaults(handler=cmd_cluster_down, parser=down)
 
     stop = cluster_commands.add_parser("stop-node", help="stop one node")
     stop.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
     stop.add_argument("id", metavar="ID")
     stop.add_argument("--kill", action="store_true", help="SIGKILL instead of SIGTERM")
     stop.add_argument("--timeout", type=positive_float, default=cluster_mod.STOP_TIMEOUT, metavar="S")
-    stop.set_defaults(handler=cmd_cluster_stop_node)
+    stop.set_defaults(handler=cmd_cluster_stop_node, parser=stop)
 
     start = cluster_commands.add_parser("start-node", help="restart one node with its recorded arguments")
     start.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
     start.add_argument("id", metavar="ID")
     start.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
-    start.set_defaults(handler=cmd_cluster_start_node)
+    start.set_defaults(handler=cmd_cluster_start_node, parser=start)
 
 
 def add_client_parsers(commands) -> None:
@@ -154,18 +154,18 @@ def add_client_parsers(commands) -> None:
     execute.add_argument("statement", metavar="STATEMENT", help="the statement, or - to read it from stdin")
     execute.add_argument("--json", action="store_true", help="one JSON object per result row")
     execute.add_argument("--timeout", type=positive_float, default=client.DEFAULT_TIMEOUT, metavar="S")
-    execute.set_defaults(handler=cmd_exec)
+    execute.set_defaults(handler=cmd_exec, parser=execute)
 
     status = commands.add_parser("status", parents=[target], help="cluster, node and view-building status")
     status.add_argument("--json", action="store_true")
     status.add_argument("--watch", type=positive_float, nargs="?", const=DEFAULT_WATCH_SECONDS, metavar="SECONDS",
                         help=f"refresh every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C")
-    status.set_defaults(handler=cmd_status)
+    status.set_defaults(handler=cmd_status, parser=status)
 
     tablets = commands.add_parser("tablets", parents=[target], help="the tablets of a table")
     tablets.add_argument("table", type=table_name, metavar="KS.TABLE")
     tablets.add_argument("--json", action="store_true", help="one JSON object per tablet")
-    tablets.set_defaults(handler=cmd_tablets)
+    tablets.set_defaults(handler=cmd_tablets, parser=tablets)
 
     inject = commands.add_parser("inject", parents=[target], help="error injection points of a running node")
     inject.add_argument("name", nargs="?", metavar="NAME", help="injection point")
@@ -179,7 +179,7 @@ def add_client_parsers(commands) -> None:
     inject.add_argument("--one-shot", action="store_true", help="with --enable: disable after the first hit")
     inject.add_argument("--mode", choices=["fail", "pause"], help="with --enable: fail (default) or pause")
     inject.add_argument("--json", action="store_true")
-    inject.set_defaults(handler=cmd_inject)
+    inject.set_defaults(handler=cmd_inject, parser=inject)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,28 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `vbc` console script; returns the exit status (2 on usage errors)."""
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        return run(args)
+        args = build_parser().parse_args(argv)
+        try:
+            return run(args)
+        except UsageError as exc:
+            args.parser.error(str(exc))  # prints the command's usage line, exits with status 2
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except UsageError as exc:
-        parser_for(parser, argv).print_usage(sys.stderr)
-        print(f"vbc: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def parser_for(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.ArgumentParser:
-    """The sub-parser of the command in `argv` (for its usage line)."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    current = parser
-    for word in words:
-        subparsers = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subparsers or word not in subparsers[0].choices:
-            break
-        current = subparsers[0].choices[word]
-    return current
+    return 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -266,11 +253,12 @@ def json_line(document: object) -> str:
     return json.dumps(document, ensure_ascii=False)
 
 
-def stop_on_sigterm() -> None:
-    """Make SIGTERM behave like Ctrl-C so `finally` blocks run."""
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGINT (even if inherited as ignored) raise KeyboardInterrupt so `finally` blocks run."""
     def handler(signum, frame):
         raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, handler)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
 
 
 # ------------------------------------------------------------------ vbc node start
@@ -330,7 +318,7 @@ def start_failure(exc: cluster_mod.ClusterStartError) -> int:
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     console = stdout_console()
-    stop_on_sigterm()
+    stop_on_signals()
     try:
         with console.status(f"starting {args.nodes} node(s) in {args.data_dir} ...") as spinner:
             cluster = cluster_mod.start_cluster(
@@ -348,17 +336,50 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     return run_in_foreground(console, args.data_dir, cluster)
 
 
+def not_running(nodes: list[dict]) -> list[str]:
+    """'ID (exit code N)' or 'ID' for each node whose process does not run."""
+    stopped = []
+    for node in nodes:
+        if not cluster_mod.pid_alive(node["pid"]):
+            code = cluster_mod.exit_code(node["pid"]) if node["pid"] else None
+            stopped.append(node["id"] if code is None else f"{node['id']} (exit code {code})")
+    return stopped
+
+
 def foreground_view(addresses: list[str], nodes: list[dict]):
-    exited = [f"{n['id']} (exit code {cluster_mod.exit_code(n['pid'])})" for n in nodes if not cluster_mod.pid_alive(n["pid"])]
+    exited = not_running(nodes)
     parts = []
     try:
         parts.append(render_status(client.status(addresses, timeout=5.0)))
     except grpc.RpcError as exc:
         parts.append(Text(f"status unavailable: {client.error_text(exc)}", style="red"))
     if exited:
-        parts.append(Text(f"node process exited: {', '.join(exited)} (see its node.log)", style="red"))
+        parts.append(Text(f"not running: {', '.join(exited)} (see node.log)", style="red"))
     parts.append(Text("Ctrl-C stops the cluster", style="dim"))
     return Group(*parts)
+
+
+def current_nodes(data_dir: Path, fallback: list[dict]) -> list[dict]:
+    """The nodes of cluster.json (pids change with stop-node/start-node), else `fallback`."""
+    try:
+        return cluster_mod.load_cluster(data_dir)["nodes"]
+    except cluster_mod.ClusterError:
+        return fallback
+
+
+def status_line(addresses: list[str], nodes: list[dict]) -> str:
+    """A one-line summary of the cluster for a foreground cluster without a terminal."""
+    exited = not_running(nodes)
+    try:
+        document = client.status(addresses, timeout=5.0)
+    except grpc.RpcError as exc:
+        summary = f"status unavailable: {client.error_text(exc)}"
+    else:
+        alive = sum(1 for node in document["nodes"] if node["alive"])
+        building = sum(1 for view in document["views"] if view["state"] != "BUILT")
+        summary = (f"leader {document['leader'] or '(none)'}, {alive}/{len(document['nodes'])} nodes alive, "
+                   f"{len(document['views'])} views ({building} building)")
+    return summary + (f"; not running: {', '.join(exited)}" if exited else "")
 
 
 def run_in_foreground(console: Console, data_dir: Path, cluster: dict) -> int:
@@ -369,14 +390,21 @@ def run_in_foreground(console: Console, data_dir: Path, cluster: dict) -> int:
             with Live(foreground_view(addresses, cluster["nodes"]), console=console, auto_refresh=False) as live:
                 while True:
                     time.sleep(FOREGROUND_REFRESH_SECONDS)
-                    live.update(foreground_view(addresses, cluster["nodes"]), refresh=True)
+                    live.update(foreground_view(addresses, current_nodes(data_dir, cluster["nodes"])), refresh=True)
         else:
+            print("Ctrl-C or SIGTERM stops the cluster", flush=True)
+            last = ""
             while True:
-                time.sleep(3600)
+                line = status_line(addresses, current_nodes(data_dir, cluster["nodes"]))
+                if line != last:
+                    print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+                    last = line
+                time.sleep(FOREGROUND_REFRESH_SECONDS)
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
         print_stop_outcome(console, cluster_mod.stop_cluster(data_dir))
     return 0
 
@@ -464,7 +492,7 @@ def status_nodes_table(nodes: list[dict], leader: str) -> Table:
     table = Table(title="nodes", title_justify="left")
     for column in ("id", "grpc", "raft", "alive", "shards", "schema", "pending view updates"):
         table.add_column(column)
-    for node in nodes:
+    for node in sorted(nodes, key=lambda n: (len(n["id"]), n["id"])):
         name = Text(node["id"] + (" (leader)" if node["id"] == leader else ""))
         alive = Text("up", style="green") if node["alive"] else Text("DOWN", style="bold red")
         table.add_row(name, cell(node["grpc"]), cell(node.get("raft", "")), alive, cell(node.get("shards", "")),
@@ -528,6 +556,8 @@ def watch_status(addresses: list[str], as_json: bool, seconds: float) -> int:
                 time.sleep(seconds)
                 live.update(view(), refresh=True)
     except KeyboardInterrupt:
+        if not as_json and not console.is_terminal:
+            console.line()
         return 0
 
 
@@ -622,7 +652,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
 
 def wait_for_hit(target: list[str], args: argparse.Namespace) -> int:
     try:
-        result = client.inject(target, args.name, "wait_hit", wait_timeout=args.wait_hit)
+        result = client.inject(target, args.name, "wait_hit", timeout=args.wait_hit)
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
             raise

@@ -121,25 +121,32 @@ def is_connected(addr: str, timeout: float = PROBE_TIMEOUT) -> bool:
         return False
 
 
-def is_unreachable(addr: str, error: grpc.RpcError) -> bool:
-    """Whether `error` means the node could not be reached (so another node may be tried)."""
+def is_unreachable(addr: str, error: grpc.RpcError, idempotent: bool = False) -> bool:
+    """Whether `error` means another node should be tried.
+
+    Always when the node could not be reached (UNAVAILABLE or DEADLINE_EXCEEDED without a connection); for an
+    idempotent call also when the node itself answered UNAVAILABLE (e.g. it is still joining the cluster).
+    A non-idempotent call (a write, DDL) whose node answered UNAVAILABLE is not retried elsewhere: its
+    outcome may be unknown, and a retry could report a confusing ALREADY_EXISTS.
+    """
     code = error.code()
     if code == grpc.StatusCode.UNAVAILABLE:
-        return True
+        return idempotent or not is_connected(addr, timeout=0.1)
     return code == grpc.StatusCode.DEADLINE_EXCEEDED and not is_connected(addr)
 
 
-def call_any(addresses: str | Iterable[str], fn: Callable[[str], T]) -> T:
+def call_any(addresses: str | Iterable[str], fn: Callable[[str], T], idempotent: bool = False) -> T:
     """`fn(addr)` on the first address that answers; an unreachable node moves on to the next one.
 
-    Any other gRPC error is raised at once; when no node answers, the last error is raised.
+    Any other gRPC error is raised at once; when no node answers, the last error is raised. With
+    `idempotent`, a node answering UNAVAILABLE also moves on (see is_unreachable).
     """
     last_error: grpc.RpcError | None = None
     for addr in as_addresses(addresses):
         try:
             return fn(addr)
         except grpc.RpcError as error:
-            if not is_unreachable(addr, error):
+            if not is_unreachable(addr, error, idempotent):
                 raise
             last_error = error
     assert last_error is not None
@@ -159,7 +166,13 @@ def error_text(error: grpc.RpcError) -> str:
 def execute_response(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT) -> pb.ExecuteResponse:
     """The raw ExecuteResponse of `statement`, run on the first reachable node."""
     request = pb.ExecuteRequest(statement=statement)
-    return call_any(addr_or_addrs, lambda addr: client_stub(addr).Execute(request, timeout=timeout))
+    return call_any(addr_or_addrs, lambda addr: client_stub(addr).Execute(request, timeout=timeout),
+                    idempotent=is_read(statement))
+
+
+def is_read(statement: str) -> bool:
+    """Whether a statement only reads (so it may be retried on another node)."""
+    return statement.lstrip().lower().startswith("select")
 
 
 def result_from_response(response: pb.ExecuteResponse) -> tuple[list[str], list[list], str]:
@@ -224,7 +237,8 @@ def status_to_dict(response: pb.StatusResponse) -> dict:
 
 
 def status_response(addr_or_addrs, timeout: float = 10.0) -> pb.StatusResponse:
-    return call_any(addr_or_addrs, lambda addr: admin_stub(addr).Status(pb.StatusRequest(), timeout=timeout))
+    return call_any(addr_or_addrs, lambda addr: admin_stub(addr).Status(pb.StatusRequest(), timeout=timeout),
+                    idempotent=True)
 
 
 def status(addr_or_addrs, timeout: float = 10.0) -> dict:
@@ -244,7 +258,8 @@ def tablet_to_dict(tablet: pb.TabletInfo) -> dict:
 def tablets(addr_or_addrs, table: str, timeout: float = 10.0) -> list[dict]:
     """The tablets of `table` ("ks.name"), one dict per tablet."""
     request = pb.TabletsRequest(table=table)
-    response = call_any(addr_or_addrs, lambda addr: admin_stub(addr).Tablets(request, timeout=timeout))
+    response = call_any(addr_or_addrs, lambda addr: admin_stub(addr).Tablets(request, timeout=timeout),
+                        idempotent=True)
     return [tablet_to_dict(tablet) for tablet in response.tablets]
 
 
@@ -270,14 +285,20 @@ def inject(
     action: str = "enable",
     mode: str = "",
     one_shot: bool = False,
-    wait_timeout: float = 0.0,
-    timeout: float = 10.0,
+    timeout: float | None = None,
 ) -> dict:
-    """Admin.Inject: action is enable | disable | wait_hit | list; WAIT_HIT blocks up to `wait_timeout` s."""
-    request = pb.InjectRequest(
-        name=name, action=INJECT_ACTIONS[action], mode=mode, one_shot=one_shot, timeout=wait_timeout
-    )
-    deadline = max(timeout, wait_timeout + 5.0) if action == "wait_hit" else timeout
+    """Admin.Inject; action is enable | disable | wait_hit | list.
+
+    For wait_hit, `timeout` is how long the node waits for a hit (default 10 s; the gRPC deadline is a bit
+    longer) and the answer's "hit" says whether it came. Otherwise `timeout` is the gRPC deadline.
+    """
+    if action not in INJECT_ACTIONS:
+        raise ValueError(f"unknown injection action {action!r}; expected one of {', '.join(INJECT_ACTIONS)}")
+    waiting = action == "wait_hit"
+    wait_seconds = (10.0 if timeout is None else timeout) if waiting else 0.0
+    deadline = wait_seconds + 5.0 if waiting else (10.0 if timeout is None else timeout)
+    request = pb.InjectRequest(name=name, action=INJECT_ACTIONS[action], mode=mode, one_shot=one_shot,
+                               timeout=wait_seconds)
     response = call_any(addr_or_addrs, lambda addr: admin_stub(addr).Inject(request, timeout=deadline))
     return inject_response_to_dict(response)
 

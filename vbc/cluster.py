@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -28,16 +29,19 @@ STOP_TIMEOUT = 30.0
 KILL_WAIT = 10.0
 POLL_INTERVAL = 0.2
 LOG_TAIL_LINES = 25
+NO_QUORUM_SETTLE = 3.0
 # Ports picked when no base port is given: below Linux's ephemeral range (32768-60999), so an outgoing
 # connection cannot take a port between the moment it is picked and the moment the node binds it.
 AUTO_PORT_RANGE = (20000, 32000)
 PARENT_PID_ENV = "VBC_PARENT_PID"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-# Popen objects of the nodes this process started, so their exit is reaped (no zombies) and seen.
+# Popen objects of the nodes this process started, so their exit is reaped (no zombies) and seen. They are
+# kept after the exit: a pid of ours that exited must never be mistaken for a later process reusing it.
 _children: dict[int, subprocess.Popen] = {}
 
 ProgressFn = Callable[[str], None]
+SpawnFn = Callable[[dict, bool], int]  # (node record, die_with_parent) -> pid
 
 
 class ClusterError(Exception):
@@ -299,7 +303,7 @@ def is_node_process(pid: int, node: dict) -> bool:
     args = process_args(pid)
     if args is None:
         return pid_alive(pid)
-    return node["id"] in args and node["data_dir"] in args
+    return node["id"] in args and (not node.get("data_dir") or node["data_dir"] in args)
 
 
 def running_pid(node: dict) -> int | None:
@@ -350,72 +354,111 @@ def stop_pids(pids: Iterable[int], kill: bool = False, timeout: float = STOP_TIM
         outcome[pid] = "killed" if kill or pid in stragglers else "stopped"
         if pid in still_running:
             outcome[pid] = "still running"
-        else:
-            _children.pop(pid, None)
     return outcome
 
 
 # ------------------------------------------------------------------ readiness
 
 
-def probe_node(addr: str) -> tuple[bool, str, str]:
-    """(answered, leader it knows, error) from Internode.LocalStatus, then Admin.Status."""
-    answered, error = False, ""
+@dataclass
+class Probe:
+    """What one node answered: `ready` = Admin.Status works (it joined group0); `leader` = the leader it knows."""
+
+    answered: bool = False
+    ready: bool = False
+    leader: str = ""
+    error: str = ""
+
+
+def probe_node(addr: str) -> Probe:
+    """Ask Admin.Status (needs the node to have joined), then Internode.LocalStatus (answers from start-up)."""
+    try:
+        response = client.admin_stub(addr).Status(pb.StatusRequest(), timeout=3.0)
+        return Probe(answered=True, ready=True, leader=response.leader)
+    except grpc.RpcError as exc:
+        status_error = client.error_text(exc)
     try:
         local = client.local_status(addr, timeout=1.0)
-        if local["leader"]:
-            return True, local["leader"], ""
-        answered = True
+        return Probe(answered=True, leader=local["leader"], error=status_error)
     except grpc.RpcError as exc:
-        error = client.error_text(exc)
-    try:
-        response = client.admin_stub(addr).Status(pb.StatusRequest(), timeout=2.0)
-        return True, response.leader, ""
-    except grpc.RpcError as exc:
-        return answered or exc.code() == grpc.StatusCode.UNIMPLEMENTED, "", error or client.error_text(exc)
+        return Probe(error=client.error_text(exc))
 
 
-def node_problem(node: dict, answered: bool, error: str, need_leader: bool) -> str:
+def process_problem(node: dict) -> str:
+    """Why the process of `node` is not running ('' while it runs)."""
     pid = node.get("pid")
-    if not pid_alive(pid):
-        code = exit_code(pid) if pid else None
-        return f"process exited (exit code {code})" if code is not None else "process is not running"
-    if not answered:
-        return f"not answering on {node['grpc']} ({error or 'no answer'})"
-    return "answers but knows no Raft leader" if need_leader else ""
+    if pid_alive(pid):
+        return ""
+    code = exit_code(pid) if pid else None
+    return f"process exited (exit code {code})" if code is not None else "process is not running"
 
 
-def wait_ready(nodes: list[dict], timeout: float = START_TIMEOUT, need_leader: bool = True,
-               progress: ProgressFn | None = None) -> str:
-    """Wait until every node answers (and, with need_leader, knows the leader); returns the leader.
+def readiness_problem(node: dict, probe: Probe) -> str:
+    """Why `node` does not count as up yet ('' when it is ready and knows the leader)."""
+    if not probe.answered:
+        return f"not answering on {node['grpc']} ({probe.error or 'no answer'})"
+    if not probe.ready:
+        return f"answers but has not joined the cluster ({probe.error})"
+    if not probe.leader:
+        return "answers but knows no Raft leader"
+    return ""
 
-    Gives up early when a node's process exited. Raises ClusterStartError naming the late nodes.
+
+def start_failure(nodes: list[dict], problems: dict[str, str], reason: str) -> ClusterStartError:
+    logs = {node["id"]: log_tail(node["log"]) for node in nodes if node["id"] in problems}
+    return ClusterStartError(f"node(s) {', '.join(problems)} {reason}", problems, logs)
+
+
+def wait_ready(nodes: list[dict], timeout: float = START_TIMEOUT, progress: ProgressFn | None = None) -> str:
+    """Wait until every node answers Admin.Status and a leader is elected; returns the leader.
+
+    Gives up early when a node's process exits. Raises ClusterStartError naming the late nodes.
     """
     deadline = time.monotonic() + timeout
-    problems: dict[str, str] = {}
-    leader = ""
     while True:
-        problems = {}
-        for node in nodes:
-            answered, node_leader, error = probe_node(node["grpc"])
-            leader = node_leader or leader
-            problem = node_problem(node, answered, error, need_leader and not node_leader)
-            if problem:
-                problems[node["id"]] = problem
-        dead = {i: p for i, p in problems.items() if p.startswith("process")}
-        if not problems or dead or time.monotonic() >= deadline:
-            break
+        dead = {node["id"]: problem for node in nodes if (problem := process_problem(node))}
+        if dead:
+            raise start_failure(nodes, dead, "exited")
+        probes = {node["id"]: probe_node(node["grpc"]) for node in nodes}
+        problems = {node["id"]: problem for node in nodes if (problem := readiness_problem(node, probes[node["id"]]))}
+        leader = next((probe.leader for probe in probes.values() if probe.leader), "")
+        if not problems:
+            return leader
+        if time.monotonic() >= deadline:
+            raise start_failure(nodes, problems, f"did not come up within {timeout:g} s")
         if progress:
             ready = len(nodes) - len(problems)
             progress(f"{ready}/{len(nodes)} nodes ready" + (f", leader {leader}" if leader else ", no leader yet"))
         time.sleep(POLL_INTERVAL)
-    if not problems:
-        return leader
-    problems = dead or problems
-    logs = {node["id"]: log_tail(node["log"]) for node in nodes if node["id"] in problems}
-    late = ", ".join(problems)
-    reason = "exited" if dead else f"did not come up within {timeout:g} s"
-    raise ClusterStartError(f"node(s) {late} {reason}", problems, logs)
+
+
+def wait_answering(node: dict, timeout: float = START_TIMEOUT, settle: float = NO_QUORUM_SETTLE) -> Probe:
+    """Wait until a restarted node answers; then, while a leader is known, until it joined the cluster.
+
+    A node that answers but sees no leader for `settle` seconds is accepted (its quorum may still be down,
+    e.g. the first node of a full restart). Raises ClusterStartError if it never answers or exits.
+    """
+    deadline = time.monotonic() + timeout
+    leaderless_since: float | None = None
+    while True:
+        if problem := process_problem(node):
+            raise start_failure([node], {node["id"]: problem}, "exited")
+        probe = probe_node(node["grpc"])
+        now = time.monotonic()
+        if probe.ready:
+            return probe
+        if probe.answered and not probe.leader:
+            leaderless_since = leaderless_since or now
+            if now - leaderless_since >= settle:
+                return probe
+        else:
+            leaderless_since = None
+        if now >= deadline:
+            if probe.answered:
+                return probe
+            raise start_failure([node], {node["id"]: readiness_problem(node, probe)},
+                                f"did not answer within {timeout:g} s")
+        time.sleep(POLL_INTERVAL)
 
 
 # ------------------------------------------------------------------ cluster operations
@@ -452,12 +495,15 @@ def reuse_cluster(data_dir: Path, count: int, shards: int, base_port: int | None
 
 def start_cluster(data_dir: Path | str, nodes: int = 3, shards: int = 1, base_port: int | None = None,
                   storage_url: str | None = None, timeout: float = START_TIMEOUT, launcher: list[str] | None = None,
-                  die_with_parent: bool = False, progress: ProgressFn | None = None) -> dict:
+                  die_with_parent: bool = False, progress: ProgressFn | None = None,
+                  spawn: SpawnFn | None = None) -> dict:
     """Start (or restart, when DIR has a cluster.json) a cluster and wait for every node and a leader.
 
     Returns the cluster description (as saved in cluster.json, plus "leader"). On failure every started
-    node is stopped and ClusterError/ClusterStartError is raised.
+    node is stopped and ClusterError/ClusterStartError is raised. `spawn` replaces spawn_node (e.g. to
+    record pids or spawn from a given thread).
     """
+    spawn = spawn or spawn_node
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with locked(data_dir):
@@ -467,7 +513,7 @@ def start_cluster(data_dir: Path | str, nodes: int = 3, shards: int = 1, base_po
             cluster = new_cluster(data_dir, nodes, shards, base_port, storage_url, launcher)
         try:
             for node in cluster["nodes"]:
-                node["pid"] = spawn_node(node, die_with_parent)
+                node["pid"] = spawn(node, die_with_parent)
         except BaseException:
             stop_pids([node["pid"] for node in cluster["nodes"] if node["pid"]], kill=True)
             for node in cluster["nodes"]:
@@ -476,7 +522,7 @@ def start_cluster(data_dir: Path | str, nodes: int = 3, shards: int = 1, base_po
         finally:
             save_cluster(data_dir, cluster)
     try:
-        cluster["leader"] = wait_ready(cluster["nodes"], timeout, need_leader=True, progress=progress)
+        cluster["leader"] = wait_ready(cluster["nodes"], timeout, progress=progress)
     except BaseException:
         stop_cluster(data_dir, timeout=5.0)
         raise
@@ -506,8 +552,9 @@ def stop_node(data_dir: Path | str, node_id: str, kill: bool = False, timeout: f
 
 
 def start_node(data_dir: Path | str, node_id: str, timeout: float = START_TIMEOUT,
-               die_with_parent: bool = False, need_leader: bool = False) -> int:
-    """Restart one node with its recorded arguments and wait until it answers; returns its pid."""
+               die_with_parent: bool = False, spawn: SpawnFn | None = None) -> int:
+    """Restart one node with its recorded arguments and wait until it answers (see wait_answering); returns its pid."""
+    spawn = spawn or spawn_node
     data_dir = Path(data_dir).resolve()
     with locked(data_dir):
         cluster = load_cluster(data_dir)
@@ -518,10 +565,10 @@ def start_node(data_dir: Path | str, node_id: str, timeout: float = START_TIMEOU
             port = int(node[role].rsplit(":", 1)[1])
             if not port_is_free(port):
                 raise ClusterError(f"port {port} ({node_id} {role}) is already in use")
-        node["pid"] = spawn_node(node, die_with_parent)
+        node["pid"] = spawn(node, die_with_parent)
         save_cluster(data_dir, cluster)
     try:
-        wait_ready([node], timeout, need_leader=need_leader)
+        wait_answering(node, timeout)
     except BaseException:
         stop_pids([node["pid"]], timeout=5.0)
         update_pid(data_dir, node_id, None)

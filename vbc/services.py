@@ -154,7 +154,7 @@ def _status_snapshot(state):
             progress=1.0 if progress["built"] else (done / total if total else 0.0),
             hosts=progress["hosts"], is_index=view.view.is_index,
         ))
-    return list(state.nodes.values()), views, state.schema_version
+    return sorted(state.nodes.values(), key=lambda n: n.id), views, state.schema_version
 
 
 class InternodeService(rpc.InternodeServicer):

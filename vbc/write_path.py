@@ -33,13 +33,13 @@ class WriteCoordinator:
     def write(self, mutations: list[tuple[Table, Row]], timestamp: int) -> None:
         batches = self._read_state(lambda s: _route(s, mutations, timestamp))
         self._injections.hit("write.coordinator.before_send")
-        pending = {node: self._peers.internode(node).ReplicaWrite.future(batch, timeout=REPLICA_WRITE_TIMEOUT)
-                   for node, batch in batches if node != self.node_id}
+        pending = [(node, self._peers.internode(node).ReplicaWrite.future(batch, timeout=REPLICA_WRITE_TIMEOUT))
+                   for node, batch in batches if node != self.node_id]
         failures = []
         for node, batch in batches:
             if node == self.node_id:
                 failures.extend(self._apply_locally(batch))
-        for node, future in pending.items():
+        for node, future in pending:
             try:
                 future.result()
             except grpc.RpcError as error:

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): write path and Raft commit latency."""
