@@ -226,3 +226,34 @@ def test_streaming_execute_returns_pages(cluster, rw_table):
     stub = client.client_stub(addr(cluster, "n3"))
     pages = list(stub.ExecuteStream(pb.ExecuteRequest(statement="SELECT id FROM rw.t", page_size=300), timeout=30))
     assert [len(p.rows) for p in pages] == [300, 300, 300, 100]
+
+
+def test_health_and_reflection_services_answer(cluster):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    channel = client.connect(addr(cluster, "n2"))
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="vbc.v1.Client"), timeout=5)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+    names = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"vbc.v1.Client", "vbc.v1.Admin", "vbc.v1.Internode", "vbc.v1.Worker", "grpc.health.v1.Health"} <= names
+
+
+def test_worker_rpc_is_fenced_by_term_and_checks_the_batch(cluster):
+    from vbcpb import vbc_pb2_grpc
+
+    term = client.status(addr(cluster, "n1"))["term"]
+    worker = vbc_pb2_grpc.WorkerStub(client.connect(addr(cluster, "n1")))
+
+    def code_of(request):
+        with pytest.raises(grpc.RpcError) as caught:
+            worker.WorkOnViewBuildingTasks(request, timeout=5)
+        return caught.value.code(), caught.value.details()
+
+    assert code_of(pb.WorkRequest(term=term, shard=0, task_ids=["nope"]))[0] == grpc.StatusCode.NOT_FOUND
+    code, message = code_of(pb.WorkRequest(term=term + 5, shard=0, task_ids=["nope"]))
+    assert code == grpc.StatusCode.NOT_FOUND
+    code, message = code_of(pb.WorkRequest(term=term, shard=0, task_ids=["nope"]))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "stale coordinator term" in message

@@ -49,14 +49,16 @@ class ReadCoordinator:
         return _LazyStream(lambda: self._scan_with_fallback(request, _prefer_local(replicas, self.node_id)))
 
     def _scan_with_fallback(self, request: pb.ScanRequest, replicas: list[Replica]) -> Iterator[tuple]:
+        """Rows from the first replica that delivers a first page; later pages stream without buffering."""
         errors = []
         for replica in replicas:
             try:
-                pages = list(self._scan_one(replica.node, request))
+                pages = iter(self._scan_one(replica.node, request))
+                first = next(pages, None)
             except (grpc.RpcError, CoreError) as error:
                 errors.append(f"{replica.node}: {_describe(error)}")
                 continue
-            return (_decode_row(row) for page in pages for row in page.rows)
+            return _rows_of([] if first is None else [first], pages)
         raise Unavailable(f"no replica could serve tokens {request.first_token}..{request.last_token}: {'; '.join(errors)}")
 
     def _scan_one(self, node: str, request: pb.ScanRequest) -> Iterator[pb.ScanPage]:
@@ -83,6 +85,12 @@ class _LazyStream:
 
 def _prefer_local(replicas: tuple[Replica, ...], node_id: str) -> list[Replica]:
     return sorted(replicas, key=lambda r: r.node != node_id)
+
+
+def _rows_of(first_pages: list, pages: Iterator[pb.ScanPage]) -> Iterator[tuple]:
+    for page in itertools.chain(first_pages, pages):
+        for row in page.rows:
+            yield _decode_row(row)
 
 
 def _decode_row(row: pb.ScanRow) -> tuple:

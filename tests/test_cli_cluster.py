@@ -1,0 +1,85 @@
+"""The `vbc` command line against a real 3-node cluster started with `vbc cluster up --detach`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def vbc(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "vbc", *args], capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"vbc {' '.join(args)} exited {result.returncode}: {result.stderr}")
+    return result
+
+
+@pytest.fixture
+def cluster_dir(tmp_path):
+    """A detached cluster; every node pid in cluster.json is killed afterwards, whatever happened."""
+    data_dir = tmp_path / "cluster"
+    try:
+        vbc("cluster", "up", "--nodes", "3", "--data-dir", str(data_dir), "--detach")
+        yield data_dir
+    finally:
+        cluster_file = data_dir / "cluster.json"
+        pids = [n.get("pid") for n in json.loads(cluster_file.read_text())["nodes"]] if cluster_file.exists() else []
+        subprocess.run([sys.executable, "-m", "vbc", "cluster", "down", "--data-dir", str(data_dir)],
+                       capture_output=True, timeout=60)
+        for pid in filter(None, pids):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_cluster_up_exec_status_tablets_inject_down(cluster_dir):
+    described = json.loads((cluster_dir / "cluster.json").read_text())
+    assert [n["id"] for n in described["nodes"]] == ["n1", "n2", "n3"]
+    assert all({"id", "grpc", "raft", "pid", "data_dir"} <= set(n) for n in described["nodes"])
+    d = str(cluster_dir)
+    vbc("exec", "--cluster", d, "CREATE KEYSPACE ks WITH replication = {'rf': 3} AND tablets = {'initial': 8}")
+    vbc("exec", "--cluster", d, "CREATE TABLE ks.t (key int, c int, v text, PRIMARY KEY (key, c))")
+    vbc("exec", "--cluster", d, "CREATE MATERIALIZED VIEW ks.mv AS SELECT * FROM ks.t WHERE c IS NOT NULL "
+                                "AND key IS NOT NULL PRIMARY KEY (c, key)")
+    vbc("exec", "--addr", described["nodes"][1]["grpc"], "INSERT INTO ks.t (key, c, v) VALUES (1, 2, 'x')")
+    vbc("exec", "--cluster", d, "UPDATE ks.t SET v = 'y' WHERE key = 1 AND c = 2")
+    out = vbc("exec", "--cluster", d, "--json", "SELECT * FROM ks.mv ALLOW STALE").stdout
+    assert [json.loads(line) for line in out.splitlines()] == [{"c": 2, "key": 1, "v": "y"}]
+
+    refused = vbc("exec", "--cluster", d, "SELECT * FROM ks.mv", check=False)
+    assert refused.returncode != 0 and "FAILED_PRECONDITION" in refused.stderr and "being built" in refused.stderr
+
+    status = json.loads(vbc("status", "--cluster", d, "--json").stdout)
+    assert status["leader"] in {"n1", "n2", "n3"} and status["term"] >= 1
+    assert [(n["id"], n["alive"]) for n in status["nodes"]] == [("n1", True), ("n2", True), ("n3", True)]
+    assert all(set(n) >= {"id", "grpc", "alive"} for n in status["nodes"])
+    (view,) = status["views"]
+    assert {k: view[k] for k in ("name", "base", "state", "tasks_total", "tasks_done")} == {
+        "name": "ks.mv", "base": "ks.t", "state": "BUILDING", "tasks_total": 24, "tasks_done": 0}
+    assert view["progress"] == 0.0 and view["hosts"] == {"n1": "STARTED", "n2": "STARTED", "n3": "STARTED"}
+
+    tablets = [json.loads(line) for line in vbc("tablets", "--cluster", d, "--json", "ks.t").stdout.splitlines()]
+    assert [t["tablet"] for t in tablets] == list(range(8))
+    assert tablets[0]["first_token"] == -(2**63) and tablets[-1]["last_token"] == 2**63 - 1
+    assert all(len(t["replicas"]) == 3 and all(":" in r for r in t["replicas"]) for t in tablets)
+
+    vbc("inject", "--cluster", d, "--node", "n2", "write.replica.before_apply", "--enable", "--one-shot")
+    failed = vbc("exec", "--cluster", d, "INSERT INTO ks.t (key, c, v) VALUES (2, 2, 'z')", check=False)
+    assert failed.returncode != 0 and "UNAVAILABLE" in failed.stderr and "injected failure" in failed.stderr
+    assert vbc("inject", "--cluster", d, "--node", "n2", "write.replica.before_apply", "--wait-hit", "5").returncode == 0
+    vbc("exec", "--cluster", d, "INSERT INTO ks.t (key, c, v) VALUES (2, 2, 'z')")  # one-shot: the retry works
+    not_hit = vbc("inject", "--cluster", d, "--node", "n3", "view_update.receive", "--wait-hit", "0.5", check=False)
+    assert not_hit.returncode == 1
+
+    vbc("cluster", "stop-node", "--data-dir", d, "n3")
+    rows = vbc("exec", "--cluster", d, "--json", "SELECT * FROM ks.t").stdout.splitlines()
+    assert len(rows) == 2  # reads fall back to live replicas
+    vbc("cluster", "start-node", "--data-dir", d, "n3")
+    vbc("cluster", "down", "--data-dir", d)
+    assert all(n["pid"] is None for n in json.loads((cluster_dir / "cluster.json").read_text())["nodes"])
