@@ -211,24 +211,7 @@ class LocalCluster:
 
     def wait_until(self, predicate: Callable[[], T], timeout: float = 30.0, message: str = "condition",
                    interval: float = 0.1) -> T:
-        """Poll `predicate` until it returns something truthy (returned); exceptions count as not yet.
-
-        Raises AssertionError naming `message` (and the last exception) after `timeout` seconds.
-        """
-        deadline = time.monotonic() + timeout
-        last_error: BaseException | None = None
-        while True:
-            try:
-                value = predicate()
-                if value:
-                    return value
-                last_error = None
-            except Exception as error:  # noqa: BLE001 - a node may be down or starting
-                last_error = error
-            if time.monotonic() >= deadline:
-                detail = f"; last error: {_describe(last_error)}" if last_error else ""
-                raise AssertionError(f"timed out after {timeout:g} s waiting for {message}{detail}")
-            time.sleep(interval)
+        return wait_until(predicate, timeout, message, interval)
 
     def wait_for_leader(self, timeout: float = 30.0, exclude: tuple[str, ...] | list[str] = ()) -> str:
         """A leader known to the running nodes, not one of `exclude`."""
@@ -253,3 +236,25 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, grpc.RpcError):
         return client.error_text(error)
     return f"{type(error).__name__}: {error}"
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 30.0, message: str = "condition",
+               interval: float = 0.1) -> T:
+    """Poll `predicate` until it returns something truthy (returned); exceptions count as not yet.
+
+    Raises AssertionError naming `message` (and the last exception) after `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+            last_error = None
+        except Exception as error:  # noqa: BLE001 - a node may be down or starting
+            last_error = error
+        if time.monotonic() >= deadline:
+            detail = f"; last error: {_describe(last_error)}" if last_error else ""
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}{detail}")
+        time.sleep(interval)

@@ -83,3 +83,31 @@ def test_cluster_up_exec_status_tablets_inject_down(cluster_dir):
     vbc("cluster", "start-node", "--data-dir", d, "n3")
     vbc("cluster", "down", "--data-dir", d)
     assert all(n["pid"] is None for n in json.loads((cluster_dir / "cluster.json").read_text())["nodes"])
+
+
+def test_single_node_serves_prometheus_metrics_and_stops_on_sigterm(tmp_path):
+    import urllib.request
+
+    from vbc import client
+    from vbc.cluster import free_port
+
+    grpc_addr, raft_addr, metrics_addr = (f"127.0.0.1:{free_port()}" for _ in range(3))
+    node = subprocess.Popen([sys.executable, "-m", "vbc", "node", "start", "--id", "n1", "--data-dir", str(tmp_path),
+                             "--grpc", grpc_addr, "--raft", raft_addr, "--metrics", metrics_addr],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from .cluster_harness import wait_until
+
+        wait_until(lambda: client.status(grpc_addr)["leader"] == "n1", timeout=30, message="single node not ready")
+        client.execute(grpc_addr, "CREATE KEYSPACE m WITH replication = {'rf': 1} AND tablets = {'initial': 2}")
+        client.execute(grpc_addr, "CREATE TABLE m.t (a int, b int, PRIMARY KEY (a))")
+        client.execute(grpc_addr, "INSERT INTO m.t (a, b) VALUES (1, 2)")
+        text = urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=5).read().decode()
+        assert 'vbc_statements_total{kind="Insert"} 1.0' in text
+        assert 'vbc_rows_applied_total{role="base"} 1.0' in text and "vbc_raft_is_leader 1.0" in text
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=30) == 0
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()

@@ -111,6 +111,7 @@ def add_node_parser(commands) -> None:
     start.add_argument("--peers", type=parse_peers, default={}, metavar="ID=GRPC/RAFT,...", help="the other nodes")
     start.add_argument("--shards", type=positive_int, default=1, metavar="N")
     start.add_argument("--storage-url", metavar="URL", help="storage backend URL")
+    start.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics over HTTP on this address")
     start.set_defaults(handler=cmd_node_start, parser=start)
 
 
@@ -294,7 +295,8 @@ def cmd_node_start(args: argparse.Namespace) -> int:
         return 1
     args.data_dir.mkdir(parents=True, exist_ok=True)
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
-                        peers=args.peers, shards=args.shards, storage_url=args.storage_url)
+                        peers=args.peers, shards=args.shards, storage_url=args.storage_url,
+                        metrics_addr=args.metrics)
     serve(config)
     return 0
 

@@ -14,6 +14,7 @@ from coordinator.core.views import matches
 from storage.cells import Cell, Row
 from vbc.cql import ast, parse
 
+from . import metrics
 from .injection import Injections
 from .mutations import partition_token
 from .read_path import ReadCoordinator, take
@@ -52,11 +53,13 @@ class Executor:
 
     def execute_pages(self, text: str, page_size: int | None) -> Iterator[Result]:
         statement = parse(text)
-        if isinstance(statement, ast.Select):
-            yield from self._select(statement, page_size)
-            return
-        handler = _HANDLERS[type(statement)]
-        yield handler(self, statement)
+        kind = type(statement).__name__
+        metrics.STATEMENTS.labels(kind).inc()
+        with metrics.STATEMENT_SECONDS.labels(kind).time():
+            if isinstance(statement, ast.Select):
+                yield from self._select(statement, page_size)
+                return
+            yield _HANDLERS[type(statement)](self, statement)
 
     # --------------------------------------------------------------- schema
 

@@ -26,6 +26,7 @@ from worker.service import WorkerService
 from .executor import Executor
 from .inflight import InflightWrites
 from .injection import Injections
+from .metrics import serve_metrics
 from .peers import Peers
 from .read_path import ReadCoordinator
 from .replica import LocalData
@@ -49,6 +50,7 @@ class NodeConfig:
     shards: int = 1
     storage_url: str | None = None
     raft_password: str | None = None
+    metrics_addr: str | None = None
 
 
 class Node:
@@ -90,6 +92,8 @@ class Node:
         self._server.start()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.group0.start()
+        if self.config.metrics_addr:
+            serve_metrics(self.config.metrics_addr, self)
         for target, name in ((self._join, "join"), (self._watch_schema, "schema-watch"),
                              (self._flush_outbox_loop, "outbox")):
             thread = threading.Thread(target=target, name=name, daemon=True)

@@ -18,6 +18,7 @@ from storage.cells import Row
 from storage.store import NodeStore, OutboxEntry
 from vbcpb import vbc_pb2 as pb
 
+from . import metrics
 from .inflight import InflightWrites
 from .injection import Injections
 from .mutations import delete_row, row_from_proto, row_to_proto, storage_spec, upsert_row, visible_row
@@ -100,6 +101,7 @@ class LocalData:
             derive = self._deriver(context, produced) if context.views else None
             result = self.store.apply(batch.table_id, rows, derive)
         self._injections.hit("write.replica.after_apply")
+        metrics.ROWS_APPLIED.labels("base").inc(result.changed)
         if result.outbox_ids:
             entries = [OutboxEntry(i, t, p) for i, (t, p) in zip(result.outbox_ids, produced, strict=True)]
             self.deliver(entries, raise_errors=False)
@@ -146,7 +148,9 @@ class LocalData:
         if view is None:
             return 0  # the view was dropped meanwhile: its updates are moot
         self.ensure_table(view)
-        return self.store.apply(batch.table_id, [row_from_proto(m) for m in batch.mutations]).changed
+        changed = self.store.apply(batch.table_id, [row_from_proto(m) for m in batch.mutations]).changed
+        metrics.ROWS_APPLIED.labels("view").inc(changed)
+        return changed
 
     def deliver(self, entries: list[OutboxEntry], raise_errors: bool) -> int:
         """Send outbox entries to their view replicas, grouped per (node, view); ack what was delivered."""
@@ -160,8 +164,10 @@ class LocalData:
                     if raise_errors:
                         raise
                     log.info("view update to %s deferred (kept in outbox): %s", target, _describe(error))
+                    metrics.VIEW_UPDATES_DEFERRED.inc(len(group))
                     continue
                 self.store.outbox_ack([e.id for e, _ in group])
+                metrics.VIEW_UPDATES_SENT.inc(len(group))
                 delivered += len(group)
             return delivered
         finally:

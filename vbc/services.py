@@ -14,6 +14,7 @@ from vbc.cql import CqlSyntaxError
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
 
+from . import metrics
 from .executor import Executor, Result
 from .values import row_to_proto
 
@@ -73,9 +74,13 @@ class ClientService(rpc.ClientServicer):
     def __init__(self, executor: Executor):
         self._executor = executor
 
-    @unary
     def Execute(self, request, context):
-        return _response(self._executor.execute(request.statement))
+        try:
+            return _response(self._executor.execute(request.statement))
+        except Exception as error:  # noqa: BLE001 - every error becomes a status; the daemon keeps serving
+            code, message = status_for(error)
+        metrics.STATEMENT_ERRORS.labels(code.name).inc()
+        context.abort(code, message)
 
     @streaming
     def ExecuteStream(self, request, context):
