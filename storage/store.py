@@ -423,6 +423,11 @@ class NodeStore:
             conn.execute(self._catalog.delete().where(self._catalog.c.table_id == table_id))
         self._tables.pop(table_id, None)
 
+    def table_ids(self) -> set[str]:
+        """The ids of every table this store holds."""
+        with self._read() as conn:
+            return set(conn.execute(sa.select(self._catalog.c.table_id)).scalars())
+
     def has_table(self, table_id: str) -> bool:
         with self._read() as conn:
             return self._stored_spec(conn, table_id) is not None
@@ -564,10 +569,11 @@ class NodeStore:
 
     # --- outbox -----------------------------------------------------------------------------------------
 
-    def outbox_pending(self, limit: int = 1000) -> list[OutboxEntry]:
-        """The oldest unacknowledged outbox entries."""
+    def outbox_pending(self, limit: int = 1000, after_id: int = 0) -> list[OutboxEntry]:
+        """The oldest unacknowledged outbox entries with an id above `after_id`."""
         outbox = self._outbox
-        statement = sa.select(outbox.c.id, outbox.c.target, outbox.c.payload).order_by(outbox.c.id).limit(limit)
+        statement = (sa.select(outbox.c.id, outbox.c.target, outbox.c.payload).where(outbox.c.id > after_id)
+                     .order_by(outbox.c.id).limit(limit))
         with self._read() as conn:
             return [OutboxEntry(id, target, bytes(payload)) for id, target, payload in conn.execute(statement)]
 

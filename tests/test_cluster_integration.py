@@ -89,6 +89,7 @@ def test_rows_written_through_different_nodes_are_read_back_from_every_node(clus
         tokens = [token_of((r["id"],), ("int",)) for r in got]
         assert tokens == sorted(tokens), "rows must come back in token order"
         assert rows(cluster, node, "SELECT COUNT(*) FROM rw.t") == [{"count": 1000}]
+        assert rows(cluster, node, "SELECT COUNT(*) FROM rw.t LIMIT 2") == [{"count": 1000}]
         assert rows(cluster, node, "SELECT name FROM rw.t WHERE id = 7") == [{"name": "name-7"}]
     assert len(rows(cluster, "n2", "SELECT * FROM rw.t LIMIT 10")) == 10
 
@@ -254,6 +255,8 @@ def test_worker_rpc_is_fenced_by_term_and_checks_the_batch(cluster):
 
     assert code_of(pb.WorkRequest(term=term, shard=0, task_ids=["nope"]))[0] == grpc.StatusCode.NOT_FOUND
     code, message = code_of(pb.WorkRequest(term=term + 5, shard=0, task_ids=["nope"]))
-    assert code == grpc.StatusCode.NOT_FOUND
-    code, message = code_of(pb.WorkRequest(term=term, shard=0, task_ids=["nope"]))
+    assert code == grpc.StatusCode.UNAVAILABLE and "ahead of this node's group0 term" in message
+    code, message = code_of(pb.WorkRequest(term=term - 1, shard=0, task_ids=["nope"]))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "stale coordinator term" in message
+    state = client.status(addr(cluster, "n1"))
+    assert state["term"] == term  # a refused call moves nothing

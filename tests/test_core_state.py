@@ -291,7 +291,7 @@ def _commands():
     keyspace = st.builds(lambda n, rf, t: {"op": "create_keyspace", "name": n, "rf": rf, "initial_tablets": t},
                          NAMES, st.integers(1, 4), st.sampled_from([1, 2, 4, 8, 3]))
     alter = st.builds(lambda n, rf, seed: {"op": "alter_keyspace", "name": n, "rf": rf, "id_seed": seed},
-                      NAMES, st.integers(1, 4), IDS)
+                      NAMES, st.integers(1, 4), st.one_of(IDS, st.just("not-a-uuid")))
     table = st.builds(lambda i, ks, n: {"op": "create_table", "id": i, "keyspace": ks, "name": "t" + n,
                                         "columns": [["k", "int"], ["c", "int"], ["v", "text"]],
                                         "partition_key": ["k"], "clustering_key": ["c"]}, IDS, NAMES, NAMES)
@@ -304,16 +304,43 @@ def _commands():
     drop_view = st.builds(lambda ks, n: {"op": "drop_view", "keyspace": ks, "name": "v" + n}, NAMES, NAMES)
     drop_table = st.builds(lambda ks, n: {"op": "drop_table", "keyspace": ks, "name": "t" + n}, NAMES, NAMES)
     drop_ks = st.builds(lambda n: {"op": "drop_keyspace", "name": n}, NAMES)
-    one = st.one_of(register, keyspace, alter, table, view, index, drop_view, drop_table, drop_ks)
-    return st.lists(st.tuples(one, IDS).map(lambda p: {**p[0], "cmd_id": p[1]}), max_size=40)
+    reuse_id = st.builds(lambda ks, n: {"op": "create_view", "id": "0" * 32, "keyspace": ks, "name": "w" + n,
+                                        "base": "ta", "columns": None, "where": [["c", "IS NOT NULL", None],
+                                                                                  ["k", "IS NOT NULL", None]],
+                                        "partition_key": ["c"], "clustering_key": ["k"]}, NAMES, NAMES)
+    fixed_table = st.builds(lambda ks: {"op": "create_table", "id": "0" * 32, "keyspace": ks, "name": "ta",
+                                        "columns": [["k", "int"], ["c", "int"], ["v", "text"]],
+                                        "partition_key": ["k"], "clustering_key": ["c"]}, NAMES)
+    missing_field = st.builds(lambda ks, rf: {"op": "alter_keyspace", "name": ks, "rf": rf}, NAMES, st.integers(1, 4))
+    one = st.one_of(register, keyspace, alter, table, view, index, drop_view, drop_table, drop_ks, reuse_id,
+                    fixed_table, missing_field)
+    prefix = [{"op": "register_node", "node_id": f"n{i}", "grpc": f"g{i}", "raft": f"r{i}", "shards": 2}
+              for i in (1, 2, 3)]
+    prefix += [{"op": "create_keyspace", "name": "a", "rf": 1, "initial_tablets": 2},
+               {"op": "create_table", "id": "1" * 32, "keyspace": "a", "name": "ta",
+                "columns": [["k", "int"], ["c", "int"], ["v", "text"]], "partition_key": ["k"], "clustering_key": ["c"]}]
+    prefix = [dict(c, cmd_id=f"prefix-{i}") for i, c in enumerate(prefix)]
+    tail = st.lists(st.tuples(one, IDS).map(lambda p: {**p[0], "cmd_id": p[1]}), max_size=40)
+    return st.one_of(tail, tail.map(lambda commands: prefix + commands))
 
 
-@settings(max_examples=150, deadline=None)
+REPLICATED_FIELDS = ("nodes", "keyspaces", "tables", "tablets", "tasks", "build_status", "tasks_created",
+                     "processing_base", "schema_version")
+
+
+def replicated_fields(state: Group0State) -> dict:
+    return pickle.loads(pickle.dumps({k: getattr(state, k) for k in REPLICATED_FIELDS}))
+
+
+@settings(max_examples=200, deadline=None)
 @given(_commands())
-def test_invariants_hold_after_any_command_sequence(commands):
+def test_invariants_hold_and_refused_commands_change_nothing(commands):
     state = Group0State()
     for command in commands:
-        state.apply(command)
+        before = replicated_fields(state)
+        outcome = state.apply(command)
+        if not outcome.ok:
+            assert replicated_fields(state) == before, f"{command['op']} refused ({outcome.error_message}) but changed state"
         assert invariant_violations(state) == []
 
 
@@ -328,6 +355,68 @@ def test_apply_is_deterministic_and_retries_change_nothing(commands, rnd):
         if rnd.random() < 0.3:
             assert second.apply(command) == outcomes_second[-1]  # a retry returns the first outcome
     assert outcomes_first == outcomes_second
-    comparable = ("nodes", "keyspaces", "tables", "tablets", "tasks", "build_status", "tasks_created", "schema_version")
-    assert {k: getattr(first, k) for k in comparable} == {k: getattr(second, k) for k in comparable}
+    assert replicated_fields(first) == replicated_fields(second)
     assert pickle.loads(pickle.dumps(first)).tables == first.tables
+
+
+def test_a_view_cannot_reuse_an_existing_table_id():
+    state = cluster()
+    table_id = make_table(state)
+    command = cmd("create_view", id=table_id, keyspace="ks", name="mv", base="t", columns=None,
+                  where=[["c", "IS NOT NULL", None], ["key", "IS NOT NULL", None]],
+                  partition_key=["c"], clustering_key=["key"])
+    assert error_of(state, command)[0] == "ALREADY_EXISTS" and state.tables[table_id].view is None
+
+
+def test_alter_keyspace_with_a_bad_seed_changes_nothing():
+    state = cluster()
+    make_table(state, rf=1)
+    make_view(state)
+    before = pickle.dumps((state.keyspaces, state.tablets, state.tasks))
+    assert error_of(state, cmd("alter_keyspace", name="ks", rf=3, id_seed="not-a-uuid"))[0] == "INVALID_ARGUMENT"
+    assert error_of(state, cmd("alter_keyspace", name="ks", rf=2))[0] == "INVALID_ARGUMENT"
+    assert pickle.dumps((state.keyspaces, state.tablets, state.tasks)) == before
+
+
+def test_shrinking_rf_forgets_the_build_status_of_nodes_without_replicas():
+    state = cluster(nodes=3)
+    make_table(state, rf=3, tablets=1)
+    view_id = make_view(state)
+    assert state.apply(cmd("alter_keyspace", name="ks", rf=1, id_seed=new_id())).ok
+    assert len(state.view_progress(view_id)["hosts"]) == 1
+    assert state.view_progress(view_id)["tasks_done"] == 0 and state.view_progress(view_id)["tasks_total"] == 1
+
+
+def test_a_node_cannot_rejoin_with_fewer_shards_than_its_replicas_use():
+    state = cluster(nodes=1, shards=2)
+    make_table(state, rf=1, tablets=2)
+    code, message = error_of(state, cmd("register_node", node_id="n1", grpc="h:1", raft="h:101", shards=1))
+    assert code == "FAILED_PRECONDITION" and "shard 1" in message
+
+
+def test_nan_view_keys_compare_equal_and_negative_zero_is_stored_as_zero():
+    import math
+
+    from coordinator.core import types as coltypes
+
+    state = cluster()
+    state.apply(cmd("create_keyspace", name="ks", rf=1, initial_tablets=1))
+    state.apply(cmd("create_table", id=new_id(), keyspace="ks", name="t", columns=[["k", "int"], ["d", "double"]],
+                    partition_key=["k"], clustering_key=[]))
+    view_id = new_id()
+    assert state.apply(cmd("create_view", id=view_id, keyspace="ks", name="mv", base="t", columns=None,
+                           where=[["d", "IS NOT NULL", None], ["k", "IS NOT NULL", None]],
+                           partition_key=["d"], clustering_key=["k"])).ok
+    view = state.tables[view_id]
+    assert view_changes(view, {"k": 1, "d": float("nan")}, {"k": 1, "d": float("nan")}) == []
+    assert math.copysign(1.0, coltypes.coerce("double", -0.0, "d")) == 1.0
+
+
+def test_hybrid_clock_ignores_timestamps_far_ahead_of_the_wall_clock():
+    from coordinator.core.hlc import HybridClock
+
+    clock = HybridClock()
+    clock.observe(2**62, wall_micros=1_000, max_skew_micros=500)
+    assert clock.now(1_000) == 1_000
+    clock.observe(1_400, wall_micros=1_000, max_skew_micros=500)
+    assert clock.now(1_000) == 1_401

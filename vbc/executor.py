@@ -22,7 +22,7 @@ from .write_path import WriteCoordinator
 
 DEFAULT_INITIAL_TABLETS = 8
 DDL_TIMEOUT = 20.0
-MAX_TIMESTAMP = 2**63 - 1
+MAX_TIMESTAMP = 2**62  # leaves room for view_ts bumps within a signed 64-bit timestamp
 
 
 @dataclass
@@ -161,7 +161,8 @@ class Executor:
         if ts is None:
             return self._now()
         if not 0 < ts <= MAX_TIMESTAMP:
-            raise InvalidArgument(f"USING TIMESTAMP {ts} is out of range: use microseconds since the epoch, > 0")
+            raise InvalidArgument(f"USING TIMESTAMP {ts} is out of range: use microseconds since the epoch, "
+                                  f"between 1 and {MAX_TIMESTAMP}")
         return ts
 
     def _insert_mutation(self, s: ast.Insert, ts: int) -> tuple[Table, Row]:
@@ -213,10 +214,11 @@ class Executor:
             self._refuse_unbuilt_view(table)
         columns = _selected_columns(table, s.columns)
         filters = tuple(_filter(table, r) for r in s.where)
-        rows = self._matching_rows(table, filters, s.limit if not filters else None)
+        pushed_limit = None if filters or s.count else s.limit
+        rows = self._matching_rows(table, filters, pushed_limit)
         rows = (r for r in rows if matches(filters, dict(zip((c.name for c in table.columns), r))))
-        if s.count:
-            yield Result(columns=[("count", "bigint")], rows=[[sum(1 for _ in _limited(rows, s.limit))]])
+        if s.count:  # LIMIT applies to the single result row, as in Cassandra since 2.2
+            yield Result(columns=[("count", "bigint")], rows=[[sum(1 for _ in rows)]])
             return
         positions = [next(i for i, c in enumerate(table.columns) if c.name == name) for name, _ in columns]
         projected = ([row[i] for i in positions] for row in _limited(rows, s.limit))
@@ -299,6 +301,8 @@ def _key_equalities(table: Table, where: tuple[ast.Relation, ...], statement: st
             raise InvalidArgument(f"{statement} WHERE supports only '=' on primary key columns "
                                   f"({', '.join(table.primary_key)}); got {relation.column} {relation.op}")
         values[relation.column] = _coerce(table, relation.column, relation.value)
+        if values[relation.column] is None:
+            raise InvalidArgument(f"primary key column {relation.column!r} cannot be compared with null")
     return values
 
 
@@ -326,7 +330,10 @@ def _partition_restrictions(table: Table, filters: tuple[Filter, ...]) -> list[t
         term = next((f for f in filters if f.column == column and f.op in ("=", "IN")), None)
         if term is None:
             return None
-        choices.append(term.value if term.op == "IN" else (term.value,))
+        options = term.value if term.op == "IN" else (term.value,)
+        if any(v is None for v in options):
+            raise InvalidArgument(f"partition key column {column!r} cannot be compared with null")
+        choices.append(options)
     keys = [()]
     for options in choices:
         keys = [k + (v,) for k in keys for v in dict.fromkeys(options)]

@@ -14,11 +14,17 @@ class InflightWrites:
         self._changed = threading.Condition()
 
     @contextmanager
-    def track(self, schema_version: int):
+    def track(self, current_version):
+        """Register a write under the schema version `current_version()` returns, read under this lock.
+
+        Reading the version inside the lock closes the gap in which a new schema could be applied and
+        reported before the write registered; the write must read its schema after entering.
+        """
         with self._changed:
+            schema_version = current_version()
             self._by_version[schema_version] += 1
         try:
-            yield
+            yield schema_version
         finally:
             with self._changed:
                 self._by_version[schema_version] -= 1

@@ -29,6 +29,7 @@ class _Point:
     one_shot: bool = False
     enabled: bool = False
     hits: int = 0
+    spent: bool = False  # a one-shot pause point already paused once; it lets later hits pass
 
 
 class Injections:
@@ -60,20 +61,28 @@ class Injections:
 
     def points(self) -> dict[str, _Point]:
         with self._changed:
-            return {name: _Point(p.mode, p.one_shot, p.enabled, p.hits) for name, p in self._points.items()}
+            return {name: _Point(p.mode, p.one_shot, p.enabled, p.hits, p.spent) for name, p in self._points.items()}
+
+    def disable_all(self) -> None:
+        """Disable every point, releasing paused threads (used when the node stops)."""
+        with self._changed:
+            for point in self._points.values():
+                point.enabled = False
+            self._changed.notify_all()
 
     def hit(self, name: str) -> None:
         with self._changed:
             point = self._points[name]
-            if not point.enabled:
+            if not point.enabled or point.spent:
                 return
             point.hits += 1
-            if point.one_shot:
-                point.enabled = False
             self._changed.notify_all()
             if point.mode == "pause":
+                point.spent = point.one_shot
                 self._changed.wait_for(lambda: not point.enabled or self._points[name] is not point)
                 return
+            if point.one_shot:
+                point.enabled = False
         raise InjectedFailure(f"injected failure at {name!r} ({KNOWN_POINTS[name]})")
 
     def _check(self, name: str) -> None:

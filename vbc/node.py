@@ -38,6 +38,7 @@ log = logging.getLogger("vbc.node")
 DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
 GRPC_WORKERS = 48
+MAX_CLOCK_SKEW_MICROS = 500_000
 
 
 @dataclass
@@ -104,6 +105,7 @@ class Node:
     def stop(self) -> None:
         self._stopping.set()
         self._schema_changed.set()
+        self.injections.disable_all()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self._server.stop(grace=2.0).wait(5.0)
         for thread in self._threads:
@@ -121,7 +123,8 @@ class Node:
         rpc.add_AdminServicer_to_server(AdminService(self), server)
         rpc.add_InternodeServicer_to_server(InternodeService(self), server)
         rpc.add_WorkerServicer_to_server(
-            WorkerService(self.node_id, self.group0.read, lambda: self.group0.term, status_for), server)
+            WorkerService(self.node_id, self.group0.read, lambda: self.group0.term, status_for, self.injections),
+            server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Client", "Admin", "Internode", "Worker")]
         reflection.enable_server_reflection(names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -166,11 +169,14 @@ class Node:
         while not self._stopping.is_set():
             self._schema_changed.wait()
             self._schema_changed.clear()
-            version, table_ids = self.group0.read(lambda s: (s.schema_version, set(s.tables)))
-            if version != seen_version:
-                seen_version = version
-                self.local.drop_missing_tables(table_ids)
             self.inflight.notify()
+            try:
+                version, table_ids = self.group0.read(lambda s: (s.schema_version, set(s.tables)))
+                if version != seen_version:
+                    self.local.drop_missing_tables(table_ids)
+                    seen_version = version
+            except Exception:  # noqa: BLE001 - keep watching; the next schema change retries the cleanup
+                log.exception("dropping the storage of dropped tables failed; will retry")
 
     def _flush_outbox_loop(self) -> None:
         while not self._stopping.wait(OUTBOX_FLUSH_INTERVAL):
@@ -187,7 +193,7 @@ class Node:
 
     def observe_timestamp(self, micros: int) -> None:
         with self._clock_lock:
-            self._clock.observe(micros)
+            self._clock.observe(micros, time.time_ns() // 1000, MAX_CLOCK_SKEW_MICROS)
 
     def _grpc_address_of(self, node_id: str) -> str | None:
         member = self.group0.read(lambda s: s.nodes.get(node_id))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from coordinator.core.errors import CoreError, Unavailable
+from coordinator.core.errors import CoreError, NotFound, Unavailable
 from coordinator.core.schema import Replica, Table
 from coordinator.core.tokens import tablet_of, tablet_range
 from coordinator.core.types import sort_key
@@ -17,7 +17,7 @@ from .peers import Peers
 from .replica import LocalData
 from .values import from_proto, to_proto
 
-SCAN_TIMEOUT = 60.0
+SCAN_TIMEOUT = 600.0  # a whole streamed scan; pages are flow-controlled by the consumer
 
 
 class ReadCoordinator:
@@ -32,7 +32,9 @@ class ReadCoordinator:
     def rows(self, table: Table, partition_key: tuple | None = None, token: int | None = None,
              limit: int | None = None) -> Iterator[tuple]:
         """Rows as tuples of every column value (schema order), sorted by (token, primary key)."""
-        tablet_map = self._read_state(lambda s: s.tablets[table.id])
+        tablet_map = self._read_state(lambda s: s.tablets.get(table.id))
+        if tablet_map is None:
+            raise NotFound(f"{table.qualified_name} was dropped while this read was being prepared")
         count = tablet_map.tablet_count
         if partition_key is not None:
             replicas = tablet_map.replicas[tablet_of(token, count)]
@@ -46,7 +48,7 @@ class ReadCoordinator:
                                  page_size=1000)
         if partition_key is not None:
             request.partition_key.extend(to_proto(v) for v in partition_key)
-        return _LazyStream(lambda: self._scan_with_fallback(request, _prefer_local(replicas, self.node_id)))
+        return self._scan_with_fallback(request, _prefer_local(replicas, self.node_id))
 
     def _scan_with_fallback(self, request: pb.ScanRequest, replicas: list[Replica]) -> Iterator[tuple]:
         """Rows from the first replica that delivers a first page; later pages stream without buffering."""
@@ -65,22 +67,6 @@ class ReadCoordinator:
         if node == self.node_id:
             return self._local.scan(request)
         return self._peers.internode(node).Scan(request, timeout=SCAN_TIMEOUT)
-
-
-class _LazyStream:
-    """An iterator that starts its scan on first use, so a LIMIT that is met early skips later tablets."""
-
-    def __init__(self, start: Callable[[], Iterator]):
-        self._start = start
-        self._iterator: Iterator | None = None
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._iterator is None:
-            self._iterator = iter(self._start())
-        return next(self._iterator)
 
 
 def _prefer_local(replicas: tuple[Replica, ...], node_id: str) -> list[Replica]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from coordinator.core.errors import Unavailable
+from coordinator.core.errors import NotFound, Unavailable
 from coordinator.core.schema import Replica, Table
 from coordinator.core.state import Group0State
 from coordinator.core.tokens import tablet_of
@@ -78,9 +78,9 @@ class LocalData:
             self._ensured.add(table.id)
 
     def drop_missing_tables(self, live_table_ids: set[str]) -> None:
-        """Drop the storage of tables that no longer exist in the schema."""
+        """Drop the storage of tables that no longer exist in the schema (also those dropped while down)."""
         with self._ensure_lock:
-            for table_id in list(self._ensured - live_table_ids):
+            for table_id in self.store.table_ids() - live_table_ids:
                 self.store.drop_table(table_id)
                 self._ensured.discard(table_id)
 
@@ -89,23 +89,28 @@ class LocalData:
     def apply_base_write(self, batch: pb.MutationBatch) -> int:
         self._catch_up(batch.schema_version)
         produced: list[tuple[str, bytes]] = []
-        context = self._read_state(lambda s: _write_context(s, batch.table_id))
-        if context is None:
-            raise Unavailable(f"table id {batch.table_id} does not exist on node {self.node_id} (dropped?)")
-        with self._inflight.track(context.schema_version):
+        with self._inflight.track(self._schema_version):
+            context = self._read_state(lambda s: _write_context(s, batch.table_id))
+            if context is None:
+                raise NotFound(f"table id {batch.table_id} does not exist on node {self.node_id} (dropped?)")
             self._injections.hit("write.replica.before_apply")
+            rows = [row_from_proto(m) for m in batch.mutations]
+            for token in {row.token for row in rows}:
+                self._pair_index(context, token)
             self.ensure_table(context.table)
             for view in context.views:
                 self.ensure_table(view)
-            rows = [row_from_proto(m) for m in batch.mutations]
             derive = self._deriver(context, produced) if context.views else None
             result = self.store.apply(batch.table_id, rows, derive)
         self._injections.hit("write.replica.after_apply")
         metrics.ROWS_APPLIED.labels("base").inc(result.changed)
         if result.outbox_ids:
             entries = [OutboxEntry(i, t, p) for i, (t, p) in zip(result.outbox_ids, produced, strict=True)]
-            self.deliver(entries, raise_errors=False)
+            self.deliver(entries)
         return result.changed
+
+    def _schema_version(self) -> int:
+        return self._read_state(lambda s: s.schema_version)
 
     def _deriver(self, context: WriteContext, produced: list):
         def derive(old: Row | None, new: Row) -> list[tuple[str, bytes]]:
@@ -152,31 +157,38 @@ class LocalData:
         metrics.ROWS_APPLIED.labels("view").inc(changed)
         return changed
 
-    def deliver(self, entries: list[OutboxEntry], raise_errors: bool) -> int:
-        """Send outbox entries to their view replicas, grouped per (node, view); ack what was delivered."""
+    def deliver(self, entries: list[OutboxEntry]) -> set[str]:
+        """Send outbox entries to their view replicas, grouped per (node, view); ack what was delivered.
+
+        Returns the targets that could not be reached; their entries stay in the outbox for a retry.
+        """
         claimed = self._claim(entries)
+        failed: set[str] = set()
         try:
-            delivered = 0
             for (target, table_id, shard), group in _group_entries(claimed).items():
                 try:
                     self._send_view_batch(target, table_id, shard, group)
-                except (grpc.RpcError, Unavailable) as error:
-                    if raise_errors:
-                        raise
+                except Exception as error:  # noqa: BLE001 - any failure defers; the outbox keeps the entries
                     log.info("view update to %s deferred (kept in outbox): %s", target, _describe(error))
                     metrics.VIEW_UPDATES_DEFERRED.inc(len(group))
+                    failed.add(target)
                     continue
                 self.store.outbox_ack([e.id for e, _ in group])
                 metrics.VIEW_UPDATES_SENT.inc(len(group))
-                delivered += len(group)
-            return delivered
+            return failed
         finally:
             self._release(claimed)
 
-    def flush_outbox(self) -> int:
-        """Deliver the oldest pending view updates (called periodically by the node)."""
-        pending = self.store.outbox_pending(OUTBOX_BATCH)
-        return self.deliver(pending, raise_errors=False) if pending else 0
+    def flush_outbox(self, max_pages: int = 20) -> None:
+        """Retry pending view updates, oldest first, paging past targets that are unreachable right now."""
+        after_id = 0
+        unreachable: set[str] = set()
+        for _ in range(max_pages):
+            page = self.store.outbox_pending(OUTBOX_BATCH, after_id=after_id)
+            if not page:
+                return
+            after_id = page[-1].id
+            unreachable |= self.deliver([e for e in page if e.target not in unreachable])
 
     def _send_view_batch(self, target: str, table_id: str, shard: int, group: list) -> None:
         self._injections.hit("view_update.before_send")
@@ -205,7 +217,7 @@ class LocalData:
         self._injections.hit("read.replica.scan")
         table = self._read_state(lambda s: s.tables.get(request.table_id))
         if table is None:
-            raise Unavailable(f"table id {request.table_id} does not exist on node {self.node_id}")
+            raise NotFound(f"table id {request.table_id} does not exist on node {self.node_id}")
         self.ensure_table(table)
         page_size = request.page_size or 1000
         remaining = request.limit or None

@@ -82,10 +82,15 @@ class ClientService(rpc.ClientServicer):
         metrics.STATEMENT_ERRORS.labels(code.name).inc()
         context.abort(code, message)
 
-    @streaming
     def ExecuteStream(self, request, context):
-        for page in self._executor.execute_pages(request.statement, request.page_size or 1000):
-            yield _response(page)
+        try:
+            for page in self._executor.execute_pages(request.statement, request.page_size or 1000):
+                yield _response(page)
+            return
+        except Exception as error:  # noqa: BLE001
+            code, message = status_for(error)
+        metrics.STATEMENT_ERRORS.labels(code.name).inc()
+        context.abort(code, message)
 
 
 class AdminService(rpc.AdminServicer):

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import grpc
 
-from coordinator.core.errors import CoreError, Unavailable
+from coordinator.core.errors import CoreError, NotFound, Unavailable
 from coordinator.core.schema import Table
 from coordinator.core.tokens import tablet_of
 from storage.cells import Row
@@ -63,7 +63,9 @@ def _route(state, mutations: list[tuple[Table, Row]], timestamp: int) -> list[tu
     """One MutationBatch per (replica node, table, shard), in the schema version the router saw."""
     grouped: dict = defaultdict(list)
     for table, row in mutations:
-        tablet_map = state.tablets[table.id]
+        tablet_map = state.tablets.get(table.id)
+        if tablet_map is None:
+            raise NotFound(f"{table.qualified_name} was dropped while this write was being prepared")
         for replica in tablet_map.replicas[tablet_of(row.token, tablet_map.tablet_count)]:
             grouped[(replica.node, table.id, replica.shard)].append(row_to_proto(row))
     return [

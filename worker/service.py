@@ -6,26 +6,32 @@ from collections.abc import Callable
 
 import grpc
 
-from coordinator.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from coordinator.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from vbcpb import vbc_pb2_grpc as rpc
 
 
 class TermFence:
-    """Remembers the highest coordinator term seen; calls from an older term are refused."""
+    """Remembers the highest coordinator term admitted; calls from an older term are refused."""
 
     def __init__(self) -> None:
         self._highest = 0
         self._lock = threading.Lock()
 
-    def admit(self, term: int, current_term: int) -> None:
+    def check(self, term: int, current_term: int) -> None:
+        """Refuse a term older than any seen, or newer than this node's Raft term (not a real leader's yet)."""
         with self._lock:
             newest = max(self._highest, current_term)
-            if term < newest:
-                raise FailedPrecondition(
-                    f"stale coordinator term {term}: this worker has seen term {newest}; "
-                    "the caller is no longer the group0 leader"
-                )
-            self._highest = term
+        if term < newest:
+            raise FailedPrecondition(
+                f"stale coordinator term {term}: this worker has seen term {newest}; "
+                "the caller is no longer the group0 leader"
+            )
+        if term > current_term:
+            raise Unavailable(f"term {term} is ahead of this node's group0 term {current_term}; retry once it caught up")
+
+    def admit(self, term: int) -> None:
+        with self._lock:
+            self._highest = max(self._highest, term)
 
 
 def check_batch(state, node_id: str, shard: int, task_ids: list[str]) -> list:
@@ -47,17 +53,21 @@ def check_batch(state, node_id: str, shard: int, task_ids: list[str]) -> list:
 class WorkerService(rpc.WorkerServicer):
     """Answers WorkOnViewBuildingTasks; executing the tasks is the view building milestone's work."""
 
-    def __init__(self, node_id: str, read_state: Callable, current_term: Callable[[], int], status_for):
+    def __init__(self, node_id: str, read_state: Callable, current_term: Callable[[], int], status_for,
+                 injections):
         self._node_id = node_id
         self._read_state = read_state
         self._current_term = current_term
         self._fence = TermFence()
         self._status_for = status_for
+        self._injections = injections
 
     def WorkOnViewBuildingTasks(self, request, context):
         try:
-            self._fence.admit(request.term, self._current_term())
+            self._injections.hit("worker.work_on_tasks")
+            self._fence.check(request.term, self._current_term())
             self._read_state(lambda s: check_batch(s, self._node_id, request.shard, list(request.task_ids)))
+            self._fence.admit(request.term)
         except Exception as error:  # noqa: BLE001 - mapped to a status, the node keeps serving
             code, message = self._status_for(error)
             context.abort(code, message)

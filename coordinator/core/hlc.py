@@ -12,6 +12,11 @@ class HybridClock:
         self._last = max(wall_micros, self._last + 1)
         return self._last
 
-    def observe(self, remote_micros: int) -> None:
-        """Move past a timestamp seen from another node so later local timestamps sort after it."""
-        self._last = max(self._last, remote_micros)
+    def observe(self, remote_micros: int, wall_micros: int, max_skew_micros: int) -> None:
+        """Move past a timestamp seen from another node so later local timestamps sort after it.
+
+        Timestamps further than `max_skew_micros` ahead of the wall clock (a client's USING TIMESTAMP,
+        a badly skewed node) are ignored, so they cannot drag this clock into the future.
+        """
+        if remote_micros <= wall_micros + max_skew_micros:
+            self._last = max(self._last, remote_micros)

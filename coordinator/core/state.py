@@ -292,6 +292,11 @@ def _register_node(state: Group0State, cmd: dict) -> None:
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 256:
         raise InvalidArgument(f"shard count must be between 1 and 256, got {shards!r}")
     node = Node(_check_identifier("node", cmd["node_id"]), cmd["grpc"], cmd["raft"], shards)
+    used = [r.shard for m in state.tablets.values() for rs in m.replicas for r in rs if r.node == node.id]
+    if used and max(used) >= shards:
+        raise FailedPrecondition(
+            f"node {node.id} holds tablet replicas on shard {max(used)}; it cannot restart with {shards} shard(s)"
+        )
     state.nodes[node.id] = node
 
 
@@ -311,6 +316,7 @@ def _create_keyspace(state: Group0State, cmd: dict) -> str:
 def _alter_keyspace(state: Group0State, cmd: dict) -> str:
     keyspace = state.require_keyspace(cmd["name"])
     rf = _check_rf(state, cmd["rf"])
+    _check_id(cmd["id_seed"])
     state.keyspaces[keyspace.name] = Keyspace(keyspace.name, rf, keyspace.initial_tablets)
     per_node, per_shard = replica_loads(state.tablets.values())
     for table in state.tables_in(keyspace.name):
@@ -339,7 +345,12 @@ def _resize_replica_sets(state: Group0State, table: Table, rf: int, seed: str, p
     for task in list(state.tasks.values()):
         if task.base_id == table.id and task.replica not in new_replicas[task.tablet_id]:
             del state.tasks[task.id]
+            if task.view_id in state.tasks_created:
+                state.tasks_created[task.view_id] -= 1
+    holders = {r.node for replicas in new_replicas for r in replicas}
     for view in state.views_of(table.id):
+        for key in [k for k in state.build_status if k[0] == view.id and k[1] not in holders]:
+            del state.build_status[key]
         if not state.view_is_built(view.id):
             state._create_build_tasks(view, seed, added)
 
@@ -372,6 +383,8 @@ def _create_view(state: Group0State, cmd: dict) -> str:
         raise InvalidArgument(f"{base.qualified_name} is a view; views can only be created over base tables")
     _check_name_free(state, keyspace.name, name)
     view_id = _check_id(cmd["id"])
+    if view_id in state.tables:
+        raise AlreadyExists(f"table id {view_id} is already in use")
     partition_key, clustering_key = list(cmd["partition_key"]), list(cmd["clustering_key"])
     _check_view_key(base, partition_key, clustering_key)
     filters = tuple(_build_filter(base, raw) for raw in cmd.get("where", ()))

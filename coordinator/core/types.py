@@ -56,7 +56,7 @@ def _boolean(value: object, column: str) -> bool:
 def _double(value: object, column: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _type_error(column, "double", value)
-    return float(value)
+    return float(value) + 0.0  # -0.0 is stored as 0.0, so equal keys have one token
 
 
 def _timestamp(value: object, column: str) -> int:

@@ -1,6 +1,7 @@
 """The function from a base row to its view row, and the view changes a base row change implies."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .schema import Filter, Table
@@ -53,13 +54,30 @@ def view_row(view: Table, base_row: dict | None) -> tuple[tuple, dict] | None:
     return key, {c.name: base_row.get(c.name) for c in view.columns}
 
 
+def _canonical(value: object) -> object:
+    """A stand-in equal for equal stored values: every NaN is the same value here."""
+    if isinstance(value, float) and math.isnan(value):
+        return _NAN
+    return value
+
+
+_NAN = ("NaN",)
+
+
+def _same(a: tuple | dict, b: tuple | dict) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_canonical(a[k]) == _canonical(b[k]) for k in a)
+    return len(a) == len(b) and all(_canonical(x) == _canonical(y) for x, y in zip(a, b))
+
+
 def view_changes(view: Table, old_row: dict | None, new_row: dict | None) -> list[ViewChange]:
     """The view writes turning the view row of `old_row` into that of `new_row` (None = no live base row)."""
     old = view_row(view, old_row)
     new = view_row(view, new_row)
     changes = []
-    if old is not None and (new is None or new[0] != old[0]):
+    same_key = old is not None and new is not None and _same(old[0], new[0])
+    if old is not None and not same_key:
         changes.append(ViewChange(old[0]))
-    if new is not None and new != old:
+    if new is not None and not (same_key and _same(old[1], new[1])):
         changes.append(ViewChange(new[0], new[1]))
     return changes

@@ -1,0 +1,110 @@
+"""Unit tests of node parts that need no cluster: in-flight write tracking, injections, outbox delivery."""
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from coordinator.core.state import Group0State
+from storage.store import NodeStore
+from vbc.cluster import free_port
+from vbc.inflight import InflightWrites
+from vbc.injection import InjectedFailure, Injections
+from vbc.mutations import row_to_proto, storage_spec, upsert_row
+from vbc.peers import Peers
+from vbc.replica import LocalData
+from vbcpb import vbc_pb2 as pb
+
+
+def test_a_write_registers_under_the_version_it_reads_so_a_newer_schema_waits_for_it():
+    inflight = InflightWrites()
+    version = {"now": 1}
+    with inflight.track(lambda: version["now"]) as registered:
+        version["now"] = 2  # a CREATE VIEW is applied while the write runs
+        assert registered == 1
+        assert inflight.applied_version(version["now"]) == 1
+        assert not inflight.wait_applied(2, lambda: version["now"], timeout=0.05)
+    assert inflight.wait_applied(2, lambda: version["now"], timeout=0.05)
+
+
+def test_fail_point_raises_once_when_one_shot():
+    injections = Injections()
+    injections.enable("read.replica.scan", mode="fail", one_shot=True)
+    with pytest.raises(InjectedFailure):
+        injections.hit("read.replica.scan")
+    injections.hit("read.replica.scan")  # spent: passes
+    assert injections.wait_hit("read.replica.scan", timeout=0)
+
+
+def test_one_shot_pause_holds_the_first_hit_until_disabled_and_lets_later_hits_pass():
+    injections = Injections()
+    injections.enable("write.replica.before_apply", mode="pause", one_shot=True)
+    released = threading.Event()
+
+    def first_writer():
+        injections.hit("write.replica.before_apply")
+        released.set()
+
+    thread = threading.Thread(target=first_writer)
+    thread.start()
+    assert injections.wait_hit("write.replica.before_apply", timeout=5)
+    assert not released.wait(0.2), "a one-shot pause point must pause its first hit"
+    injections.hit("write.replica.before_apply")  # a second hit is not paused
+    injections.disable("write.replica.before_apply")
+    assert released.wait(5)
+    thread.join(5)
+
+
+def test_unknown_injection_points_are_refused():
+    with pytest.raises(KeyError, match="unknown injection point"):
+        Injections().enable("no.such.point")
+
+
+class _StateReader:
+    """Reads a real Group0State the way the node's Raft adapter does (a function applied to the state)."""
+
+    def __init__(self, state: Group0State):
+        self.state = state
+
+    def __call__(self, fn):
+        return fn(self.state)
+
+
+def _state_with_view() -> tuple[Group0State, str, str]:
+    state = Group0State()
+    state.apply({"op": "register_node", "node_id": "alive", "grpc": "unused", "raft": "unused", "shards": 1})
+    state.apply({"op": "create_keyspace", "name": "ks", "rf": 1, "initial_tablets": 1})
+    table_id, view_id = uuid.uuid4().hex, uuid.uuid4().hex
+    state.apply({"op": "create_table", "id": table_id, "keyspace": "ks", "name": "t",
+                 "columns": [["k", "int"], ["v", "int"]], "partition_key": ["k"], "clustering_key": []})
+    state.apply({"op": "create_view", "id": view_id, "keyspace": "ks", "name": "mv", "base": "t", "columns": None,
+                 "where": [["v", "IS NOT NULL", None], ["k", "IS NOT NULL", None]],
+                 "partition_key": ["v"], "clustering_key": ["k"]})
+    return state, table_id, view_id
+
+
+def test_an_unreachable_view_replica_does_not_block_deliveries_to_others(tmp_path):
+    state, table_id, view_id = _state_with_view()
+    view = state.tables[view_id]
+    store = NodeStore.for_data_dir(tmp_path)
+    dead_address = f"127.0.0.1:{free_port()}"  # nothing listens: a real connection failure
+    peers = Peers(lambda node: dead_address if node == "dead" else None)
+    local = LocalData("alive", store, _StateReader(state), lambda _v: None, peers, Injections(), InflightWrites())
+    try:
+        for table in (state.tables[table_id], view):
+            store.ensure_table(storage_spec(table))
+        dead_entries = 600  # more than one outbox page, all for the unreachable node, queued first
+        update = upsert_row(view, {"v": 1, "k": 1}, ts=10)
+        payload = pb.MutationBatch(table_id=view_id, mutations=[], schema_version=state.schema_version)
+        payload.mutations.append(row_to_proto(update))
+        entries = [("dead", payload.SerializeToString())] * dead_entries + [("alive", payload.SerializeToString())]
+        base_row = upsert_row(state.tables[table_id], {"k": 1, "v": 1}, ts=10)
+        store.apply(table_id, [base_row], derive=lambda old, new: entries)
+        assert store.outbox_size() == dead_entries + 1
+        local.flush_outbox()
+        assert store.outbox_size() == dead_entries, "the entry for the live replica must be delivered"
+        assert [r.key for r in store.scan(view_id, -(2**63), 2**63 - 1)] == [(1, 1)]
+    finally:
+        peers.close()
+        store.close()
