@@ -171,9 +171,9 @@ class Node:
             self._schema_changed.clear()
             self.inflight.notify()
             try:
-                version, table_ids = self.group0.read(lambda s: (s.schema_version, set(s.tables)))
+                version = self.schema_version()
                 if version != seen_version:
-                    self.local.drop_missing_tables(table_ids)
+                    self.local.drop_missing_tables()
                     seen_version = version
             except Exception:  # noqa: BLE001 - keep watching; the next schema change retries the cleanup
                 log.exception("dropping the storage of dropped tables failed; will retry")

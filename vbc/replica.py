@@ -77,10 +77,16 @@ class LocalData:
             self.store.ensure_table(storage_spec(table))
             self._ensured.add(table.id)
 
-    def drop_missing_tables(self, live_table_ids: set[str]) -> None:
-        """Drop the storage of tables that no longer exist in the schema (also those dropped while down)."""
+    def drop_missing_tables(self) -> None:
+        """Drop the storage of tables that no longer exist in the schema (also those dropped while down).
+
+        The schema is read after listing the stored tables: a table stored meanwhile was in the schema
+        when it was created, and ids are never reused, so absence from the newer schema means dropped.
+        """
         with self._ensure_lock:
-            for table_id in self.store.table_ids() - live_table_ids:
+            stored = self.store.table_ids()
+            live = self._read_state(lambda s: set(s.tables))
+            for table_id in stored - live:
                 self.store.drop_table(table_id)
                 self._ensured.discard(table_id)
 
