@@ -260,3 +260,27 @@ def test_worker_rpc_is_fenced_by_term_and_checks_the_batch(cluster):
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "stale coordinator term" in message
     state = client.status(addr(cluster, "n1"))
     assert state["term"] == term  # a refused call moves nothing
+
+
+def test_dropping_a_table_removes_its_storage_on_every_node(cluster):
+    import sqlite3
+
+    run(cluster, "n1", "CREATE KEYSPACE dr WITH replication = {'rf': 3} AND tablets = {'initial': 2}")
+    run(cluster, "n1", "CREATE TABLE dr.t (k int, v int, PRIMARY KEY (k))")
+    run(cluster, "n2", "CREATE INDEX ON dr.t (v)")
+    run(cluster, "n3", "INSERT INTO dr.t (k, v) VALUES (1, 2)")
+    table_id = _table_id(cluster, "dr", "t")
+
+    def stored_ids(node: dict) -> set[str]:
+        db = sqlite3.connect(f"file:{node['data_dir']}/storage.db?mode=ro", uri=True)
+        try:
+            return {row[0] for row in db.execute("SELECT table_id FROM storage_catalog")}
+        finally:
+            db.close()
+
+    assert all(table_id in stored_ids(n) for n in cluster.nodes)
+    run(cluster, "n2", "DROP KEYSPACE dr")
+    cluster.wait_until(lambda: all(table_id not in stored_ids(n) for n in cluster.nodes), timeout=15,
+                       message="storage of the dropped table is still there")
+    code, _ = error_of(cluster, "n1", "SELECT * FROM dr.t")
+    assert code == grpc.StatusCode.NOT_FOUND
