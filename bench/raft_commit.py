@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,6 +17,7 @@ if PROJECT_ROOT not in sys.path:
     sys.path.insert(0, PROJECT_ROOT)
 
 from coordinator.raft import Group0  # noqa: E402
+from vbc.cluster import allocate_ports  # noqa: E402
 
 MEMBER_IDS = ("n1", "n2", "n3")
 PASSWORD = "bench-secret"
@@ -55,16 +55,8 @@ def summarize(latencies_ms: list[float]) -> dict:
             "commands_per_s": 1000.0 / mean}
 
 
-def free_loopback_ports(count: int) -> list[int]:
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
 def member_specs(root: Path, raft_overrides: dict) -> list[dict]:
-    addrs = dict(zip(MEMBER_IDS, (f"127.0.0.1:{port}" for port in free_loopback_ports(len(MEMBER_IDS)))))
+    addrs = dict(zip(MEMBER_IDS, (f"127.0.0.1:{port}" for port in allocate_ports(len(MEMBER_IDS)))))
     return [{"node_id": node_id, "raft_addr": addr, "data_dir": str(root / node_id), "raft_overrides": raft_overrides,
              "peers": {other: other_addr for other, other_addr in addrs.items() if other != node_id}}
             for node_id, addr in addrs.items()]

@@ -12,6 +12,7 @@ from typing import TypeVar
 import pytest
 
 from coordinator.raft import DUMP_FILE, Group0, Group0Unavailable, StateMachineError
+from vbc.cluster import allocate_ports
 
 T = TypeVar("T")
 PASSWORD = "group0-test-secret"
@@ -59,20 +60,12 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
     return result
 
 
-def free_loopback_ports(count: int) -> list[int]:
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
 class Cluster:
     """Three Group0 members in this process, restartable on the same ports and data dirs."""
 
     def __init__(self, root: Path, size: int = 3):
         self.ids = [f"n{i}" for i in range(1, size + 1)]
-        self.addrs = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(self.ids, free_loopback_ports(size))}
+        self.addrs = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(self.ids, allocate_ports(size))}
         self.dirs = {node_id: root / node_id for node_id in self.ids}
         self.members: dict[str, Group0] = {}
         self.applied_reports: dict[str, list[int]] = {}
