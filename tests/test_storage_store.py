@@ -4,18 +4,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import os
-import pwd
 import random
-import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 import uuid
 from collections import defaultdict
 from functools import reduce
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -25,9 +18,9 @@ from hypothesis import strategies as st
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, merge, state_equal, visible_values, write_ts
 from storage.store import NodeStore
 
+from .postgres import create_database, drop_database, throwaway_postgres
+
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-UNPRIVILEGED_USER = "nobody"
 
 REGULAR = (
     ColumnSpec("i", "int"),
@@ -42,74 +35,18 @@ REGULAR = (
 # --- PostgreSQL server --------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _run_as_prefix() -> list[str]:
-    """initdb refuses to run as root: run the server as an unprivileged user then."""
-    if os.geteuid() != 0:
-        return []
-    if shutil.which("runuser") is None:
-        pytest.skip("running as root and runuser is unavailable, so initdb cannot run")
-    try:
-        pwd.getpwnam(UNPRIVILEGED_USER)
-    except KeyError:
-        pytest.skip(f"running as root and there is no {UNPRIVILEGED_USER!r} user to run initdb as")
-    return ["runuser", "-u", UNPRIVILEGED_USER, "--"]
-
-
-def _give_to_unprivileged_user(path: Path) -> None:
-    if os.geteuid() == 0:
-        user = pwd.getpwnam(UNPRIVILEGED_USER)
-        os.chown(path, user.pw_uid, user.pw_gid)
-
-
 @pytest.fixture(scope="module")
 def postgres_server():
-    initdb, pg_ctl = PG_BIN / "initdb", PG_BIN / "pg_ctl"
-    if not (initdb.exists() and pg_ctl.exists()):
-        pytest.skip(f"PostgreSQL binaries not found in {PG_BIN}")
-    prefix = _run_as_prefix()
-    root = Path(tempfile.mkdtemp(prefix="storage-pg-"))
-    data = root / "data"
-    try:
-        _give_to_unprivileged_user(root)
-        subprocess.run(
-            [*prefix, str(initdb), "-D", str(data), "--auth=trust", "-U", "postgres", "--locale=C", "-E", "UTF8"],
-            check=True,
-            capture_output=True,
-        )
-        port = _free_port()
-        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        subprocess.run(
-            [*prefix, str(pg_ctl), "-D", str(data), "-l", str(root / "server.log"), "-w", "-o", options, "start"],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-        finally:
-            subprocess.run([*prefix, str(pg_ctl), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with throwaway_postgres() as url:
+        yield url
 
 
 @pytest.fixture
 def postgres_database(postgres_server):
     """A fresh, empty database on the module's server (so outboxes do not leak between tests)."""
-    name = f"test_{uuid.uuid4().hex}"
-    admin = sa.create_engine(postgres_server, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        yield sa.make_url(postgres_server).set(database=name)
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
-    finally:
-        admin.dispose()
+    url = create_database(postgres_server)
+    yield url
+    drop_database(postgres_server, url.database)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

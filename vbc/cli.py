@@ -110,7 +110,8 @@ def add_node_parser(commands) -> None:
     start.add_argument("--raft", required=True, type=host_port, metavar="HOST:PORT", help="Raft address")
     start.add_argument("--peers", type=parse_peers, default={}, metavar="ID=GRPC/RAFT,...", help="the other nodes")
     start.add_argument("--shards", type=positive_int, default=1, metavar="N")
-    start.add_argument("--storage-url", metavar="URL", help="storage backend URL")
+    start.add_argument("--storage-url", metavar="URL",
+                       help="SQLAlchemy URL of this node's storage (default: SQLite in DATA_DIR/storage.db)")
     start.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics over HTTP on this address")
     start.set_defaults(handler=cmd_node_start, parser=start)
 
@@ -124,7 +125,8 @@ def add_cluster_parser(commands) -> None:
     up.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
     up.add_argument("--shards", type=positive_int, default=1, metavar="S")
     up.add_argument("--base-port", type=positive_int, metavar="P", help="grpc = P+2(i-1), raft = P+2(i-1)+1")
-    up.add_argument("--storage-url", metavar="URL")
+    up.add_argument("--storage-url", metavar="URL",
+                    help="SQLAlchemy URL per node; {node} is replaced by the node id (each node needs its own database)")
     up.add_argument("--detach", action="store_true", help="return once the cluster is up, leaving it running")
     up.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
     up.set_defaults(handler=cmd_cluster_up, parser=up)

@@ -34,6 +34,7 @@ NO_QUORUM_SETTLE = 3.0
 # connection cannot take a port between the moment it is picked and the moment the node binds it.
 AUTO_PORT_RANGE = (20000, 32000)
 PARENT_PID_ENV = "VBC_PARENT_PID"
+NODE_PLACEHOLDER = "{node}"  # in --storage-url: replaced by each node's id
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # Popen objects of the nodes this process started, so their exit is reaped (no zombies) and seen. They are
@@ -153,7 +154,7 @@ def node_command(node: dict, nodes: list[dict], shards: int, storage_url: str | 
     if peers:
         command += ["--peers", peers]
     if storage_url:
-        command += ["--storage-url", storage_url]
+        command += ["--storage-url", storage_url.replace(NODE_PLACEHOLDER, node["id"])]
     return command
 
 
@@ -164,6 +165,11 @@ def new_cluster(data_dir: Path, count: int, shards: int = 1, base_port: int | No
         raise ClusterError("a cluster needs at least one node")
     if shards < 1:
         raise ClusterError("a node needs at least one shard")
+    if storage_url and count > 1 and NODE_PLACEHOLDER not in storage_url:
+        raise ClusterError(
+            f"every node needs its own database: put {NODE_PLACEHOLDER} in --storage-url "
+            f"(e.g. postgresql+psycopg://user@host/vbc_{NODE_PLACEHOLDER}); it is replaced by the node id"
+        )
     nodes = node_layout(data_dir, count, base_port)
     for node in nodes:
         node["command"] = node_command(node, nodes, shards, storage_url, launcher or default_launcher())
