@@ -1,7 +1,8 @@
 """Write-path benchmark: rows/s through a real cluster vs. plain SQLite inserts of the same rows, and Raft commit latency.
 
 Run: `make bench` or `.venv/bin/python bench/write_path.py [--rows N] [--batch B] [--clients C]`.
-Scenarios: 1 node RF 1 and 3 nodes RF 3, each with 0 and 1 materialized view. The baseline is
+Scenarios: 1 node RF 1 and 3 nodes RF 3, each with 0 and 1 materialized view, writing BATCH statement
+text; and the same INSERT with `?` bind markers and one value set per row (parsed once). The baseline is
 SQLite's own `executemany` INSERT of the same rows into one WAL-mode table, one transaction per batch,
 measured in the same run. Figures are printed as ratios (ours / baseline): absolute times are noisy.
 """
@@ -22,7 +23,9 @@ from bench.raft_commit import measure_commit_latency  # noqa: E402
 from vbc import client  # noqa: E402
 from vbc.cluster import start_cluster, stop_cluster  # noqa: E402
 
-SCENARIOS = [(1, 1, 0), (1, 1, 1), (3, 3, 0), (3, 3, 1)]  # (nodes, rf, views)
+SCENARIOS = [(1, 1, 0, False), (1, 1, 1, False), (3, 3, 0, False), (3, 3, 1, False),
+             (1, 1, 0, True), (3, 3, 1, True)]  # (nodes, rf, views, bind markers with value sets)
+INSERT = "INSERT INTO bench.t (id, name, score, grp) VALUES (?, ?, ?, ?)"
 
 
 def make_rows(count: int, seed: int = 7) -> list[tuple]:
@@ -53,7 +56,7 @@ def batch_statement(rows: list[tuple]) -> str:
     return f"BEGIN BATCH {inserts} APPLY BATCH"
 
 
-def cluster_rate(nodes: int, rf: int, views: int, rows: list[tuple], batch: int, clients: int) -> float:
+def cluster_rate(nodes: int, rf: int, views: int, bound: bool, rows: list[tuple], batch: int, clients: int) -> float:
     """Rows/s written through a fresh cluster by `clients` concurrent clients spread over its nodes."""
     with tempfile.TemporaryDirectory() as tmp:
         cluster = start_cluster(Path(tmp), nodes=nodes, die_with_parent=True)
@@ -64,7 +67,10 @@ def cluster_rate(nodes: int, rf: int, views: int, rows: list[tuple], batch: int,
             if views:
                 client.execute(addresses[0], "CREATE MATERIALIZED VIEW bench.by_grp AS SELECT * FROM bench.t "
                                              "WHERE grp IS NOT NULL AND id IS NOT NULL PRIMARY KEY (grp, id)")
-            statements = [batch_statement(rows[i:i + batch]) for i in range(0, len(rows), batch)]
+            if bound:
+                statements = [(INSERT, [list(r) for r in rows[i:i + batch]]) for i in range(0, len(rows), batch)]
+            else:
+                statements = [(batch_statement(rows[i:i + batch]), None) for i in range(0, len(rows), batch)]
             elapsed = _run_clients(statements, addresses, clients)
             written = client.query(addresses[0], "SELECT COUNT(*) FROM bench.t")[0]["count"]
             assert written == len(rows), f"expected {len(rows)} rows, found {written}"
@@ -73,14 +79,14 @@ def cluster_rate(nodes: int, rf: int, views: int, rows: list[tuple], batch: int,
             stop_cluster(Path(tmp))
 
 
-def _run_clients(statements: list[str], addresses: list[str], clients: int) -> float:
+def _run_clients(statements: list[tuple], addresses: list[str], clients: int) -> float:
     errors: list[str] = []
 
     def work(worker: int) -> None:
         address = addresses[worker % len(addresses)]
-        for statement in statements[worker::clients]:
+        for statement, params in statements[worker::clients]:
             try:
-                client.execute(address, statement, timeout=120)
+                client.execute(address, statement, timeout=120, params=params)
             except Exception as error:  # noqa: BLE001 - reported after the run
                 errors.append(str(error))
 
@@ -106,12 +112,13 @@ def main() -> None:
 
     rows = make_rows(args.rows)
     print(f"write path: {args.rows} rows, BATCH of {args.batch} INSERTs, {args.clients} concurrent clients")
-    print(f"{'scenario':<26} {'ours rows/s':>12} {'sqlite rows/s':>14} {'ratio':>8}")
-    for nodes, rf, views in SCENARIOS:
-        ours = cluster_rate(nodes, rf, views, rows, args.batch, args.clients)
+    print(f"{'scenario':<40} {'ours rows/s':>12} {'sqlite rows/s':>14} {'ratio':>8}")
+    for nodes, rf, views, bound in SCENARIOS:
+        ours = cluster_rate(nodes, rf, views, bound, rows, args.batch, args.clients)
         baseline = sqlite_baseline(rows, args.batch)
-        label = f"{nodes} node{'s' if nodes > 1 else ''} RF {rf}, {views} view{'s' if views != 1 else ''}"
-        print(f"{label:<26} {ours:>12.0f} {baseline:>14.0f} {ours / baseline:>8.3f}")
+        label = (f"{nodes} node{'s' if nodes > 1 else ''} RF {rf}, {views} view{'s' if views != 1 else ''}, "
+                 f"{'? + value sets' if bound else 'BATCH text'}")
+        print(f"{label:<40} {ours:>12.0f} {baseline:>14.0f} {ours / baseline:>8.3f}")
 
     report = measure_commit_latency(args.raft_n, baseline_n=50)
     print(f"\nreplicated Raft command, 3 members on loopback ({report['mode']}), group0 settings vs pysyncobj defaults:")

@@ -81,6 +81,12 @@ def test_cluster_up_exec_status_tablets_inject_down(cluster_dir):
     rows = vbc("exec", "--cluster", d, "--json", "SELECT * FROM ks.t").stdout.splitlines()
     assert len(rows) == 2  # reads fall back to live replicas
     vbc("cluster", "start-node", "--data-dir", d, "n3")
+    assert vbc("exec", "--cluster", d, "--params", '[[3, 2, "p"], [4, 2, "q"]]',
+               "INSERT INTO ks.t (key, c, v) VALUES (?, ?, ?)").stdout.strip() == "ok: 2 statements applied"
+    out = vbc("exec", "--cluster", d, "--json", "--params", "[[4]]", "SELECT v FROM ks.t WHERE key = ?").stdout
+    assert json.loads(out) == {"v": "q"}
+    bad = vbc("exec", "--cluster", d, "--params", "{}", "SELECT * FROM ks.t", check=False)
+    assert bad.returncode == 2 and "list of lists" in bad.stderr
     vbc("cluster", "down", "--data-dir", d)
     assert all(n["pid"] is None for n in json.loads((cluster_dir / "cluster.json").read_text())["nodes"])
 

@@ -284,3 +284,28 @@ def test_dropping_a_table_removes_its_storage_on_every_node(cluster):
                        message="storage of the dropped table is still there")
     code, _ = error_of(cluster, "n1", "SELECT * FROM dr.t")
     assert code == grpc.StatusCode.NOT_FOUND
+
+
+def test_bind_markers_with_many_value_sets_write_once_and_read_back(cluster):
+    run(cluster, "n1", "CREATE KEYSPACE bm WITH replication = {'rf': 3} AND tablets = {'initial': 4}")
+    run(cluster, "n1", "CREATE TABLE bm.t (k int, name text, score double, PRIMARY KEY (k))")
+    run(cluster, "n1", "CREATE INDEX ON bm.t (name)")
+    params = [[i, f"n{i % 3}", i / 2] for i in range(300)]
+    _, _, message = client.execute(addr(cluster, "n2"), "INSERT INTO bm.t (k, name, score) VALUES (?, ?, ?)",
+                                   params=params)
+    assert message == "ok: 300 statements applied"
+    assert client.query(addr(cluster, "n3"), "SELECT COUNT(*) FROM bm.t") == [{"count": 300}]
+    _, rows_, _ = client.execute(addr(cluster, "n1"), "SELECT name, score FROM bm.t WHERE k = ?", params=[[7]])
+    assert rows_ == [["n1", 3.5]]
+    client.execute(addr(cluster, "n1"), "UPDATE bm.t SET name = ? WHERE k = ?", params=[["moved", 7]])
+    wait_views_flushed(cluster)
+    assert rows(cluster, "n2", "SELECT k FROM bm.t_name_idx WHERE name = 'moved' ALLOW STALE") == [{"k": 7}]
+    with pytest.raises(grpc.RpcError) as caught:
+        client.execute(addr(cluster, "n1"), "INSERT INTO bm.t (k, name) VALUES (?, ?)", params=[[1]])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "2 bind marker(s)" in caught.value.details()
+    with pytest.raises(grpc.RpcError) as caught:
+        client.execute(addr(cluster, "n1"), "SELECT * FROM bm.t WHERE k = ?", params=[[1], [2]])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most one set" in caught.value.details()
+    with pytest.raises(grpc.RpcError) as caught:
+        client.execute(addr(cluster, "n1"), "INSERT INTO bm.t (k, name) VALUES (?, ?)", params=[["x", "y"]])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "column 'k' is int" in caught.value.details()

@@ -40,6 +40,19 @@ def host_port(text: str) -> str:
     return text
 
 
+def json_params(text: str) -> list[list]:
+    """argparse type for --params: a JSON list of lists of scalars."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"--params is not valid JSON: {error}") from None
+    if not isinstance(value, list) or not all(isinstance(row, list) for row in value):
+        raise argparse.ArgumentTypeError("--params must be a JSON list of lists, one list of values per execution")
+    if any(isinstance(v, (list, dict)) for row in value for v in row):
+        raise argparse.ArgumentTypeError("--params values must be numbers, strings, booleans or null")
+    return value
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -156,6 +169,9 @@ def add_client_parsers(commands) -> None:
     execute = commands.add_parser("exec", parents=[target], help="run one CQL statement")
     execute.add_argument("statement", metavar="STATEMENT", help="the statement, or - to read it from stdin")
     execute.add_argument("--json", action="store_true", help="one JSON object per result row")
+    execute.add_argument("--params", type=json_params, metavar="JSON",
+                         help="values for the ? bind markers: a JSON list of lists, one list per execution "
+                              "(e.g. '[[1, \"a\"], [2, \"b\"]]')")
     execute.add_argument("--timeout", type=positive_float, default=client.DEFAULT_TIMEOUT, metavar="S")
     execute.set_defaults(handler=cmd_exec, parser=execute)
 
@@ -468,7 +484,7 @@ def result_table(columns: list[str], types: list[str], rows: list[list]) -> Tabl
 def cmd_exec(args: argparse.Namespace) -> int:
     addresses = target_addresses(args)
     statement = read_statement(args.statement)
-    response = client.execute_response(addresses, statement, timeout=args.timeout)
+    response = client.execute_response(addresses, statement, timeout=args.timeout, params=args.params)
     columns, rows, message = client.result_from_response(response)
     if args.json:
         for line in result_json_lines(columns, rows, message):

@@ -8,7 +8,7 @@ from typing import Callable, Iterable, TypeVar
 
 import grpc
 
-from vbc.values import row_from_proto
+from vbc.values import row_from_proto, row_to_proto
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as pb_grpc
 
@@ -163,9 +163,10 @@ def error_text(error: grpc.RpcError) -> str:
 # ------------------------------------------------------------------ Client service
 
 
-def execute_response(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT) -> pb.ExecuteResponse:
-    """The raw ExecuteResponse of `statement`, run on the first reachable node."""
-    request = pb.ExecuteRequest(statement=statement)
+def execute_response(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT,
+                     params: list[list] | None = None) -> pb.ExecuteResponse:
+    """The raw ExecuteResponse of `statement` (with bind values `params`), run on the first reachable node."""
+    request = pb.ExecuteRequest(statement=statement, params=[row_to_proto(values) for values in params or []])
     return call_any(addr_or_addrs, lambda addr: client_stub(addr).Execute(request, timeout=timeout),
                     idempotent=is_read(statement))
 
@@ -181,9 +182,10 @@ def result_from_response(response: pb.ExecuteResponse) -> tuple[list[str], list[
     return columns, rows, response.message
 
 
-def execute(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[list[str], list[list], str]:
-    """Run one statement: (column names, rows as lists of Python values, message)."""
-    return result_from_response(execute_response(addr_or_addrs, statement, timeout))
+def execute(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT,
+            params: list[list] | None = None) -> tuple[list[str], list[list], str]:
+    """Run one statement (once per bind-value set in `params`): (column names, rows, message)."""
+    return result_from_response(execute_response(addr_or_addrs, statement, timeout, params))
 
 
 def rows_as_dicts(columns: list[str], rows: list[list]) -> list[dict]:

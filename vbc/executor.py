@@ -1,6 +1,7 @@
 """Runs one statement: schema changes become group0 commands, writes and reads go to the data paths."""
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from coordinator.core.tokens import token_of
 from coordinator.core.types import sort_key
 from coordinator.core.views import matches
 from storage.cells import Cell, Row
-from vbc.cql import ast, parse
+from vbc.cql import BindError, ast, bind, parse
 
 from . import metrics
 from .injection import Injections
@@ -45,21 +46,27 @@ class Executor:
         self._now = now
         self._injections = injections
 
-    def execute(self, text: str) -> Result:
-        pages = list(self.execute_pages(text, page_size=None))
+    def execute(self, text: str, params: list[list] | None = None) -> Result:
+        pages = list(self.execute_pages(text, page_size=None, params=params))
         if len(pages) == 1:
             return pages[0]
         return Result(columns=pages[0].columns, rows=[r for p in pages for r in p.rows])
 
-    def execute_pages(self, text: str, page_size: int | None) -> Iterator[Result]:
-        statement = parse(text)
-        kind = type(statement).__name__
+    def execute_pages(self, text: str, page_size: int | None, params: list[list] | None = None) -> Iterator[Result]:
+        statements = _bound(text, params)
+        first = statements[0]
+        kind = type(first).__name__
         metrics.STATEMENTS.labels(kind).inc()
         with metrics.STATEMENT_SECONDS.labels(kind).time():
-            if isinstance(statement, ast.Select):
-                yield from self._select(statement, page_size)
+            if isinstance(first, _WRITES):
+                yield self._write_all(statements)
                 return
-            yield _HANDLERS[type(statement)](self, statement)
+            if len(statements) > 1:
+                raise InvalidArgument(f"{kind} takes at most one set of bind values, got {len(statements)}")
+            if isinstance(first, ast.Select):
+                yield from self._select(first, page_size)
+                return
+            yield _HANDLERS[type(first)](self, first)
 
     # --------------------------------------------------------------- schema
 
@@ -194,16 +201,19 @@ class Executor:
                     ast.Delete: self._delete_mutation}
         return builders[type(statement)](statement, ts)
 
-    def _write(self, s) -> Result:
-        ts = self._timestamp(s.timestamp)
-        self._writer.write([self._mutation(s, ts)], ts)
-        return Result(message="ok")
-
-    def _batch(self, s: ast.Batch) -> Result:
-        default_ts = self._timestamp(None, s.timestamp)
-        mutations = [self._mutation(inner, self._timestamp(inner.timestamp, default_ts)) for inner in s.statements]
+    def _write_all(self, statements: list) -> Result:
+        """INSERT/UPDATE/DELETE/BATCH statements (one per bind-value set) as one write with one timestamp."""
+        default_ts = self._now()
+        mutations = []
+        for statement in statements:
+            inner, outer_ts = (statement.statements, statement.timestamp) if isinstance(statement, ast.Batch) else (
+                (statement,), None)
+            batch_ts = self._timestamp(outer_ts, default_ts)
+            mutations.extend(self._mutation(s, self._timestamp(s.timestamp, batch_ts)) for s in inner)
         if mutations:
             self._writer.write(mutations, default_ts)
+        if len(statements) == 1 and not isinstance(statements[0], ast.Batch):
+            return Result(message="ok")
         return Result(message=f"ok: {len(mutations)} statements applied")
 
     # --------------------------------------------------------------- reads
@@ -383,8 +393,19 @@ _HANDLERS = {
     ast.DropTable: Executor._drop_table,
     ast.DropView: Executor._drop_view,
     ast.DropIndex: Executor._drop_index,
-    ast.Insert: Executor._write,
-    ast.Update: Executor._write,
-    ast.Delete: Executor._write,
-    ast.Batch: Executor._batch,
 }
+_WRITES = (ast.Insert, ast.Update, ast.Delete, ast.Batch)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> ast.Statement:
+    return parse(text)
+
+
+def _bound(text: str, params: list[list] | None) -> list:
+    """The statement once per bind-value set (once, with no values, when none are given)."""
+    statement = _parse_cached(text)
+    try:
+        return [bind(statement, values) for values in (params or [[]])]
+    except BindError as error:
+        raise InvalidArgument(str(error)) from None

@@ -16,7 +16,7 @@ from vbcpb import vbc_pb2_grpc as rpc
 
 from . import metrics
 from .executor import Executor, Result
-from .values import row_to_proto
+from .values import row_from_proto, row_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,17 @@ def _response(result: Result) -> pb.ExecuteResponse:
     )
 
 
+def _params(request: pb.ExecuteRequest) -> list[list] | None:
+    return [row_from_proto(row) for row in request.params] or None
+
+
 class ClientService(rpc.ClientServicer):
     def __init__(self, executor: Executor):
         self._executor = executor
 
     def Execute(self, request, context):
         try:
-            return _response(self._executor.execute(request.statement))
+            return _response(self._executor.execute(request.statement, _params(request)))
         except Exception as error:  # noqa: BLE001 - every error becomes a status; the daemon keeps serving
             code, message = status_for(error)
         metrics.STATEMENT_ERRORS.labels(code.name).inc()
@@ -84,7 +88,7 @@ class ClientService(rpc.ClientServicer):
 
     def ExecuteStream(self, request, context):
         try:
-            for page in self._executor.execute_pages(request.statement, request.page_size or 1000):
+            for page in self._executor.execute_pages(request.statement, request.page_size or 1000, _params(request)):
                 yield _response(page)
             return
         except Exception as error:  # noqa: BLE001

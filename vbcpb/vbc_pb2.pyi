@@ -36,12 +36,14 @@ class Column(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("statement", "page_size")
+    __slots__ = ("statement", "page_size", "params")
     STATEMENT_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     statement: str
     page_size: int
-    def __init__(self, statement: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+    params: _containers.RepeatedCompositeFieldContainer[Row]
+    def __init__(self, statement: _Optional[str] = ..., page_size: _Optional[int] = ..., params: _Optional[_Iterable[_Union[Row, _Mapping]]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
     __slots__ = ("columns", "rows", "message")

@@ -3,6 +3,7 @@
 from .ast import (
     AlterKeyspace,
     Batch,
+    BindMarker,
     ColumnDef,
     CreateIndex,
     CreateKeyspace,
@@ -21,10 +22,15 @@ from .ast import (
     Statement,
     Update,
 )
+from .binding import BindError, bind, bind_marker_count
 from .parser import CqlSyntaxError, parse
 
 __all__ = [
     "parse",
+    "bind",
+    "bind_marker_count",
+    "BindError",
+    "BindMarker",
     "CqlSyntaxError",
     "Literal",
     "QualifiedName",

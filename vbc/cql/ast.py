@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-Literal = int | float | str | bool | None
+
+
+@dataclass(frozen=True)
+class BindMarker:
+    """A `?` in the statement text, replaced by a bound value before execution; `position` orders markers."""
+
+    position: int
+
+
+Literal = int | float | str | bool | None | BindMarker
 
 __all__ = [
     "Literal",
+    "BindMarker",
     "QualifiedName",
     "ColumnDef",
     "Relation",

@@ -14,6 +14,7 @@ from lark.lexer import PatternStr
 from .ast import (
     AlterKeyspace,
     Batch,
+    BindMarker,
     ColumnDef,
     CreateIndex,
     CreateKeyspace,
@@ -112,6 +113,11 @@ def _fail(reason: str, at: Any = None) -> NoReturn:
     raise CqlSyntaxError(reason, at.line, at.column)
 
 
+def _no_bind_marker(lit: _At, clause: str) -> None:
+    if isinstance(lit.value, BindMarker):
+        _fail(f"{clause} takes a literal value, not a bind marker (?)", lit)
+
+
 def _present(children: Iterable[Any]) -> list[Any]:
     """Drop kept punctuation/keyword tokens and absent-optional placeholders."""
     return [c for c in children if c is not None and not isinstance(c, Token)]
@@ -184,6 +190,8 @@ class _Builder(Transformer):
             value = True
         elif kind == "FALSE":
             value = False
+        elif kind == "BIND":
+            value = BindMarker(tok.start_pos)
         else:  # NULL
             value = None
         return _At(value, tok.line, tok.column)
@@ -371,6 +379,7 @@ class _Builder(Transformer):
 
     def using_timestamp(self, c: list[Any]) -> int:
         (lit,) = _present(c)
+        _no_bind_marker(lit, "USING TIMESTAMP")
         if type(lit.value) is not int:
             _fail(f"USING TIMESTAMP needs an integer (microseconds), got {lit.value!r}", lit)
         if not _INT64_MIN <= lit.value <= _INT64_MAX:
@@ -412,6 +421,7 @@ class _Builder(Transformer):
 
     def limit_clause(self, c: list[Any]) -> int:
         (lit,) = _present(c)
+        _no_bind_marker(lit, "LIMIT")
         if type(lit.value) is not int or lit.value <= 0:
             _fail(f"LIMIT must be a positive integer, got {lit.value!r}", lit)
         return lit.value
@@ -516,7 +526,7 @@ def _warm_up_lexers() -> None:
 _warm_up_lexers()
 
 _IGNORED = frozenset({"WS", "COMMENT"})
-_LITERAL_TERMINALS = frozenset({"INT", "FLOAT", "NAN", "INFINITY", "STRING", "TRUE", "FALSE", "NULL"})
+_LITERAL_TERMINALS = frozenset({"INT", "FLOAT", "NAN", "INFINITY", "STRING", "TRUE", "FALSE", "NULL", "BIND"})
 _WORDS = {
     "NAME": "an identifier",
     "QUOTED_NAME": "an identifier",
@@ -528,9 +538,10 @@ _WORDS = {
     "TRUE": "true",
     "FALSE": "false",
     "NULL": "NULL",
+    "BIND": "?",
     "$END": "end of input",
 }
-_ANY_LITERAL = "a literal value (number, 'string', true, false or null)"
+_ANY_LITERAL = "a literal value (number, 'string', true, false, null or a ? bind marker)"
 
 
 def _describe(name: str) -> tuple[int, str]:
