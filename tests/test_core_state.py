@@ -325,7 +325,7 @@ def _commands():
 
 
 REPLICATED_FIELDS = ("nodes", "keyspaces", "tables", "tablets", "tasks", "build_status", "tasks_created",
-                     "processing_base", "schema_version")
+                     "processing_base", "dropped_tables", "schema_version")
 
 
 def replicated_fields(state: Group0State) -> dict:

@@ -108,3 +108,22 @@ def test_an_unreachable_view_replica_does_not_block_deliveries_to_others(tmp_pat
     finally:
         peers.close()
         store.close()
+
+
+def test_storage_is_dropped_only_for_tables_the_schema_says_were_dropped(tmp_path):
+    state, table_id, view_id = _state_with_view()
+    store = NodeStore.for_data_dir(tmp_path)
+    local = LocalData("alive", store, _StateReader(state), lambda _v: None, Peers(lambda node: None), Injections(),
+                      InflightWrites())
+    try:
+        for table in (state.tables[table_id], state.tables[view_id]):
+            local.ensure_table(table)
+        lagging = _StateReader(Group0State())  # a node replaying its journal: it does not know the tables yet
+        LocalData("alive", store, lagging, lambda _v: None, Peers(lambda node: None), Injections(),
+                  InflightWrites()).drop_dropped_tables()
+        assert store.table_ids() == {table_id, view_id}
+        state.apply({"op": "drop_view", "keyspace": "ks", "name": "mv", "cmd_id": "drop"})
+        local.drop_dropped_tables()
+        assert store.table_ids() == {table_id}
+    finally:
+        store.close()

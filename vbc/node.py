@@ -173,7 +173,7 @@ class Node:
             try:
                 version = self.schema_version()
                 if version != seen_version:
-                    self.local.drop_missing_tables()
+                    self.local.drop_dropped_tables()
                     seen_version = version
             except Exception:  # noqa: BLE001 - keep watching; the next schema change retries the cleanup
                 log.exception("dropping the storage of dropped tables failed; will retry")

@@ -77,16 +77,15 @@ class LocalData:
             self.store.ensure_table(storage_spec(table))
             self._ensured.add(table.id)
 
-    def drop_missing_tables(self) -> None:
-        """Drop the storage of tables that no longer exist in the schema (also those dropped while down).
+    def drop_dropped_tables(self) -> None:
+        """Drop the storage of tables the schema says were dropped (also those dropped while this node was down).
 
-        The schema is read after listing the stored tables: a table stored meanwhile was in the schema
-        when it was created, and ids are never reused, so absence from the newer schema means dropped.
+        Only ids recorded as dropped qualify: a stored table the local schema does not know (yet) may
+        belong to commands still being replayed from the Raft journal, and must be kept.
         """
         with self._ensure_lock:
-            stored = self.store.table_ids()
-            live = self._read_state(lambda s: set(s.tables))
-            for table_id in stored - live:
+            dropped = self._read_state(lambda s: set(s.dropped_tables))
+            for table_id in self.store.table_ids() & dropped:
                 self.store.drop_table(table_id)
                 self._ensured.discard(table_id)
 

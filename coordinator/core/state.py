@@ -53,6 +53,7 @@ class Group0State:
         self.build_status: dict[tuple[str, str], str] = {}
         self.tasks_created: dict[str, int] = {}
         self.processing_base: str | None = None
+        self.dropped_tables: set[str] = set()  # ids of dropped tables and views, so nodes drop their storage
         self.schema_version = 0
         self.applied_commands = 0
         self._recent: OrderedDict[str, Outcome] = OrderedDict()
@@ -136,6 +137,7 @@ class Group0State:
         return place_tablet_map(table_id, keyspace.initial_tablets, keyspace.rf, self.nodes, self.tablets.values())
 
     def _drop_table_state(self, table_id: str) -> None:
+        self.dropped_tables.add(table_id)
         self.tables.pop(table_id, None)
         self.tablets.pop(table_id, None)
         self.tasks_created.pop(table_id, None)
