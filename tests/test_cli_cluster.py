@@ -117,3 +117,47 @@ def test_single_node_serves_prometheus_metrics_and_stops_on_sigterm(tmp_path):
         if node.poll() is None:
             node.kill()
             node.wait()
+
+
+def test_every_statement_form_through_vbc_exec(cluster_dir):
+    d = str(cluster_dir)
+
+    def ok(statement: str) -> str:
+        return vbc("exec", "--cluster", d, statement).stdout.strip()
+
+    def rows(statement: str) -> list[dict]:
+        return [json.loads(line) for line in vbc("exec", "--cluster", d, "--json", statement).stdout.splitlines()]
+
+    assert ok("CREATE KEYSPACE ks WITH replication = {'rf': 3} AND tablets = {'initial': 8}") == "created keyspace ks"
+    assert "nothing done" in ok("CREATE KEYSPACE IF NOT EXISTS ks WITH replication = {'rf': 3}")
+    assert ok("ALTER KEYSPACE ks WITH replication = {'rf': 2}") == "altered keyspace ks"
+    ok("CREATE TABLE ks.t (key int, c int, v text, PRIMARY KEY (key, c))")
+    ok("CREATE TABLE IF NOT EXISTS ks.comp (a int, b text, c bigint, d boolean, e double, f timestamp, "
+       "PRIMARY KEY ((a, b), c))")
+    ok("CREATE MATERIALIZED VIEW ks.mv AS SELECT * FROM ks.t WHERE c IS NOT NULL AND key IS NOT NULL PRIMARY KEY (c, key)")
+    ok("CREATE INDEX t_v ON ks.t (v)")
+    ok("CREATE INDEX ON ks.comp (d)")
+    ok("INSERT INTO ks.t (key, c, v) VALUES (1, 10, 'a') USING TIMESTAMP 1000")
+    ok("INSERT INTO ks.t (key, c, v) VALUES (1, 10, 'older') USING TIMESTAMP 999")  # loses: older timestamp
+    ok("UPDATE ks.t SET v = 'b' WHERE key = 1 AND c = 10")
+    ok("INSERT INTO ks.comp (a, b, c, d, e, f) VALUES (1, 'x', 5, true, 2.5, '2024-05-01 12:00:00+0000')")
+    ok("BEGIN BATCH INSERT INTO ks.t (key, c, v) VALUES (2, 20, 'c'); INSERT INTO ks.t (key, c, v) VALUES (3, 30, 'd'); "
+       "DELETE FROM ks.t WHERE key = 3 AND c = 30 APPLY BATCH")
+    assert rows("SELECT key, v FROM ks.t WHERE key = 1") == [{"key": 1, "v": "b"}]
+    assert len(rows("SELECT * FROM ks.t LIMIT 1")) == 1
+    assert sorted(r["key"] for r in rows("SELECT * FROM ks.t")) == [1, 2]
+    assert rows("SELECT * FROM ks.comp WHERE a = 1 AND b = 'x'") == [
+        {"a": 1, "b": "x", "c": 5, "d": True, "e": 2.5, "f": 1714564800000}]
+    assert sorted(r["c"] for r in rows("SELECT * FROM ks.mv ALLOW STALE")) == [10, 20]
+    assert rows("SELECT key FROM ks.t_v WHERE v = 'b' ALLOW STALE") == [{"key": 1}]
+    ok("DELETE FROM ks.t WHERE key = 2 AND c = 20")
+    assert rows("SELECT COUNT(*) FROM ks.t") == [{"count": 1}]
+    assert ok("DROP INDEX ks.t_v") == "dropped index ks.t_v"
+    assert "nothing done" in ok("DROP INDEX IF EXISTS ks.t_v")
+    assert ok("DROP MATERIALIZED VIEW ks.mv") == "dropped materialized view ks.mv"
+    assert "nothing done" in ok("DROP MATERIALIZED VIEW IF EXISTS ks.mv")
+    assert ok("DROP TABLE ks.t") == "dropped table ks.t"
+    assert "nothing done" in ok("DROP TABLE IF EXISTS ks.t")
+    assert ok("DROP KEYSPACE ks") == "dropped keyspace ks"
+    assert "nothing done" in ok("DROP KEYSPACE IF EXISTS ks")
+    assert json.loads(vbc("status", "--cluster", d, "--json").stdout)["views"] == []
