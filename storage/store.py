@@ -423,6 +423,11 @@ class NodeStore:
             conn.execute(self._catalog.delete().where(self._catalog.c.table_id == table_id))
         self._tables.pop(table_id, None)
 
+    def outbox_targets(self) -> set[str]:
+        """The nodes that have unacknowledged outbox entries."""
+        with self._read() as conn:
+            return set(conn.execute(sa.select(self._outbox.c.target).distinct()).scalars())
+
     def table_ids(self) -> set[str]:
         """The ids of every table this store holds."""
         with self._read() as conn:
@@ -569,11 +574,13 @@ class NodeStore:
 
     # --- outbox -----------------------------------------------------------------------------------------
 
-    def outbox_pending(self, limit: int = 1000, after_id: int = 0) -> list[OutboxEntry]:
-        """The oldest unacknowledged outbox entries with an id above `after_id`."""
+    def outbox_pending(self, limit: int = 1000, after_id: int = 0, target: str | None = None) -> list[OutboxEntry]:
+        """The oldest unacknowledged outbox entries with an id above `after_id` (only for `target` if given)."""
         outbox = self._outbox
-        statement = (sa.select(outbox.c.id, outbox.c.target, outbox.c.payload).where(outbox.c.id > after_id)
-                     .order_by(outbox.c.id).limit(limit))
+        statement = sa.select(outbox.c.id, outbox.c.target, outbox.c.payload).where(outbox.c.id > after_id)
+        if target is not None:
+            statement = statement.where(outbox.c.target == target)
+        statement = statement.order_by(outbox.c.id).limit(limit)
         with self._read() as conn:
             return [OutboxEntry(id, target, bytes(payload)) for id, target, payload in conn.execute(statement)]
 

@@ -580,3 +580,13 @@ def test_harness_wait_until_reports_the_message_and_last_error(tmp_path):
     with pytest.raises(AssertionError, match="waiting for the impossible; last error: ValueError: boom"):
         local.wait_until(failing, timeout=0.3, message="the impossible")
     assert local.wait_until(lambda: 42, timeout=1) == 42
+
+
+def test_params_must_be_64_bit_integers():
+    import argparse
+
+    from vbc.cli import json_params
+
+    assert json_params('[[1, "a", null, 2.5]]') == [[1, "a", None, 2.5]]
+    with pytest.raises(argparse.ArgumentTypeError, match="64 bits"):
+        json_params("[[99999999999999999999]]")

@@ -420,3 +420,21 @@ def test_hybrid_clock_ignores_timestamps_far_ahead_of_the_wall_clock():
     assert clock.now(1_000) == 1_000
     clock.observe(1_400, wall_micros=1_000, max_skew_micros=500)
     assert clock.now(1_000) == 1_401
+
+
+def test_a_dropped_table_id_is_never_reused():
+    state = cluster()
+    table_id = make_table(state)
+    assert state.apply(cmd("drop_table", keyspace="ks", name="t")).ok
+    again = cmd("create_table", id=table_id, keyspace="ks", name="t2", columns=[["a", "int"]], partition_key=["a"],
+                clustering_key=[])
+    assert error_of(state, again)[0] == "ALREADY_EXISTS"
+
+
+def test_a_snapshot_without_newer_fields_restores_with_their_empty_value():
+    state = cluster()
+    saved = state.__dict__.copy()
+    del saved["dropped_tables"]
+    restored = Group0State.__new__(Group0State)
+    restored.__setstate__(saved)
+    assert restored.dropped_tables == set() and restored.nodes == state.nodes

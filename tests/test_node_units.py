@@ -13,7 +13,7 @@ from vbc.inflight import InflightWrites
 from vbc.injection import InjectedFailure, Injections
 from vbc.mutations import row_to_proto, storage_spec, upsert_row
 from vbc.peers import Peers
-from vbc.replica import LocalData
+from vbc.replica import OUTBOX_BATCH, LocalData
 from vbcpb import vbc_pb2 as pb
 
 
@@ -94,7 +94,7 @@ def test_an_unreachable_view_replica_does_not_block_deliveries_to_others(tmp_pat
     try:
         for table in (state.tables[table_id], view):
             store.ensure_table(storage_spec(table))
-        dead_entries = 600  # more than one outbox page, all for the unreachable node, queued first
+        dead_entries = OUTBOX_BATCH * 21 + 1  # more pages than one flush reads, all for the dead node, queued first
         update = upsert_row(view, {"v": 1, "k": 1}, ts=10)
         payload = pb.MutationBatch(table_id=view_id, mutations=[], schema_version=state.schema_version)
         payload.mutations.append(row_to_proto(update))

@@ -50,6 +50,8 @@ def json_params(text: str) -> list[list]:
         raise argparse.ArgumentTypeError("--params must be a JSON list of lists, one list of values per execution")
     if any(isinstance(v, (list, dict)) for row in value for v in row):
         raise argparse.ArgumentTypeError("--params values must be numbers, strings, booleans or null")
+    if any(type(v) is int and not -(2**63) <= v < 2**63 for row in value for v in row):
+        raise argparse.ArgumentTypeError("--params integers must fit in 64 bits")
     return value
 
 

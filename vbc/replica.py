@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from coordinator.core.errors import NotFound, Unavailable
+from coordinator.core.errors import CoreError, NotFound, Unavailable
 from coordinator.core.schema import Replica, Table
 from coordinator.core.state import Group0State
 from coordinator.core.tokens import tablet_of
@@ -106,13 +106,21 @@ class LocalData:
             for view in context.views:
                 self.ensure_table(view)
             derive = self._deriver(context, produced) if context.views else None
-            result = self.store.apply(batch.table_id, rows, derive)
+            result = self._apply_to_store(context.table, rows, derive)
         self._injections.hit("write.replica.after_apply")
         metrics.ROWS_APPLIED.labels("base").inc(result.changed)
         if result.outbox_ids:
             entries = [OutboxEntry(i, t, p) for i, (t, p) in zip(result.outbox_ids, produced, strict=True)]
             self.deliver(entries)
         return result.changed
+
+    def _apply_to_store(self, table: Table, rows: list[Row], derive=None):
+        try:
+            return self.store.apply(table.id, rows, derive)
+        except KeyError:
+            if self.store.has_table(table.id):
+                raise
+            raise NotFound(f"{table.qualified_name} was dropped while this write was running") from None
 
     def _schema_version(self) -> int:
         return self._read_state(lambda s: s.schema_version)
@@ -158,7 +166,7 @@ class LocalData:
         if view is None:
             return 0  # the view was dropped meanwhile: its updates are moot
         self.ensure_table(view)
-        changed = self.store.apply(batch.table_id, [row_from_proto(m) for m in batch.mutations]).changed
+        changed = self._apply_to_store(view, [row_from_proto(m) for m in batch.mutations]).changed
         metrics.ROWS_APPLIED.labels("view").inc(changed)
         return changed
 
@@ -173,8 +181,13 @@ class LocalData:
             for (target, table_id, shard), group in _group_entries(claimed).items():
                 try:
                     self._send_view_batch(target, table_id, shard, group)
-                except Exception as error:  # noqa: BLE001 - any failure defers; the outbox keeps the entries
+                except (grpc.RpcError, CoreError) as error:
                     log.info("view update to %s deferred (kept in outbox): %s", target, _describe(error))
+                    metrics.VIEW_UPDATES_DEFERRED.inc(len(group))
+                    failed.add(target)
+                    continue
+                except Exception:  # noqa: BLE001 - unexpected: keep the entries, retry, and say so loudly
+                    log.warning("view update to %s failed unexpectedly (kept in outbox)", target, exc_info=True)
                     metrics.VIEW_UPDATES_DEFERRED.inc(len(group))
                     failed.add(target)
                     continue
@@ -185,15 +198,17 @@ class LocalData:
             self._release(claimed)
 
     def flush_outbox(self, max_pages: int = 20) -> None:
-        """Retry pending view updates, oldest first, paging past targets that are unreachable right now."""
-        after_id = 0
-        unreachable: set[str] = set()
-        for _ in range(max_pages):
-            page = self.store.outbox_pending(OUTBOX_BATCH, after_id=after_id)
-            if not page:
-                return
-            after_id = page[-1].id
-            unreachable |= self.deliver([e for e in page if e.target not in unreachable])
+        """Retry pending view updates target by target, oldest first; an unreachable target is left at once.
+
+        Paging per target means entries queued for a node that is down never hold up the others.
+        """
+        for target in sorted(self.store.outbox_targets()):
+            after_id = 0
+            for _ in range(max_pages):
+                page = self.store.outbox_pending(OUTBOX_BATCH, after_id=after_id, target=target)
+                if not page or self.deliver(page):
+                    break
+                after_id = page[-1].id
 
     def _send_view_batch(self, target: str, table_id: str, shard: int, group: list) -> None:
         self._injections.hit("view_update.before_send")

@@ -58,6 +58,11 @@ class Group0State:
         self.applied_commands = 0
         self._recent: OrderedDict[str, Outcome] = OrderedDict()
 
+    def __setstate__(self, saved: dict) -> None:
+        """Restore a snapshot, giving fields added since it was written their empty value."""
+        self.__init__()
+        self.__dict__.update(saved)
+
     # ----------------------------------------------------------------- apply
 
     def apply(self, command: dict) -> Outcome:
@@ -364,7 +369,7 @@ def _create_table(state: Group0State, cmd: dict) -> str:
         return "exists"
     _check_name_free(state, keyspace.name, name)
     table_id = _check_id(cmd["id"])
-    if table_id in state.tables:
+    if table_id in state.tables or table_id in state.dropped_tables:
         raise AlreadyExists(f"table id {table_id} is already in use")
     columns = _build_columns(cmd["columns"])
     _check_primary_key(f"table {keyspace.name}.{name}", columns, cmd["partition_key"], cmd["clustering_key"])
@@ -385,7 +390,7 @@ def _create_view(state: Group0State, cmd: dict) -> str:
         raise InvalidArgument(f"{base.qualified_name} is a view; views can only be created over base tables")
     _check_name_free(state, keyspace.name, name)
     view_id = _check_id(cmd["id"])
-    if view_id in state.tables:
+    if view_id in state.tables or view_id in state.dropped_tables:
         raise AlreadyExists(f"table id {view_id} is already in use")
     partition_key, clustering_key = list(cmd["partition_key"]), list(cmd["clustering_key"])
     _check_view_key(base, partition_key, clustering_key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, NoReturn
@@ -216,7 +217,7 @@ class _Builder(Transformer):
             if key.value in result:
                 _fail(f"duplicate key {key.value!r} in map", key)
             result[key.value] = value.value
-        return result
+        return MappingProxyType(result)  # read-only: parsed statements are cached and shared
 
     def ks_option(self, c: list[Any]) -> tuple[_At, dict[str, Any]]:
         return c[0], c[1]
@@ -248,7 +249,7 @@ class _Builder(Transformer):
         return CreateKeyspace(
             name=name.value,
             replication=found["replication"],
-            tablets=found.get("tablets", {}),
+            tablets=found.get("tablets", MappingProxyType({})),
             if_not_exists=bool(ine),
         )
 
