@@ -63,22 +63,22 @@ def throwaway_postgres():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def create_database(server_url: str, name: str | None = None) -> sa.URL:
-    """Create a database on the server and return its URL."""
-    name = name or f"test_{uuid.uuid4().hex}"
+def _run_admin_sql(server_url: str, sql: str) -> None:
+    """Run one statement outside a transaction (CREATE/DROP DATABASE need that)."""
     admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            conn.exec_driver_sql(sql)
     finally:
         admin.dispose()
+
+
+def create_database(server_url: str, name: str | None = None) -> sa.URL:
+    """Create a database on the server and return its URL."""
+    name = name or f"test_{uuid.uuid4().hex}"
+    _run_admin_sql(server_url, f'CREATE DATABASE "{name}"')
     return sa.make_url(server_url).set(database=name)
 
 
 def drop_database(server_url: str, name: str) -> None:
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
-    finally:
-        admin.dispose()
+    _run_admin_sql(server_url, f'DROP DATABASE "{name}" WITH (FORCE)')

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from coordinator.core import types as coltypes
 from coordinator.core.errors import FailedPrecondition, InvalidArgument, error_from_code
-from coordinator.core.schema import Filter, Table
-from coordinator.core.tokens import token_of
-from coordinator.core.types import sort_key
+from coordinator.core.schema import Column, Filter, Table
 from coordinator.core.views import matches
 from storage.cells import Cell, Row
 from vbc.cql import BindError, ast, bind, parse
@@ -18,7 +17,7 @@ from vbc.cql import BindError, ast, bind, parse
 from . import metrics
 from .injection import Injections
 from .mutations import partition_token
-from .read_path import ReadCoordinator, take
+from .read_path import ReadCoordinator
 from .write_path import WriteCoordinator
 
 DEFAULT_INITIAL_TABLETS = 8
@@ -244,14 +243,7 @@ class Executor:
             )
 
     def _matching_rows(self, table: Table, filters: tuple[Filter, ...], limit: int | None) -> Iterator[list]:
-        partitions = _partition_restrictions(table, filters)
-        if partitions is None:
-            return self._reader.rows(table, limit=limit)
-        streams = []
-        for key in partitions:
-            values = dict(zip(table.partition_key, key))
-            streams.append(self._reader.rows(table, partition_key=key, token=partition_token(table, values)))
-        return _chain_sorted(table, streams)
+        return self._reader.rows(table, partitions=_partition_restrictions(table, filters), limit=limit)
 
 
 # ------------------------------------------------------------------- helpers
@@ -285,12 +277,16 @@ def _initial_tablets(options: dict) -> int:
     return value
 
 
-def _coerce(table: Table, column: str, value: object) -> object:
+def _require_column(table: Table, column: str) -> Column:
     definition = table.column(column)
     if definition is None:
         raise InvalidArgument(f"unknown column {column!r} in {table.qualified_name}; its columns are "
                               f"{', '.join(c.name for c in table.columns)}")
-    return coltypes.coerce(definition.type, value, column)
+    return definition
+
+
+def _coerce(table: Table, column: str, value: object) -> object:
+    return coltypes.coerce(_require_column(table, column).type, value, column)
 
 
 def _full_key(table: Table, values: dict, statement: str) -> tuple:
@@ -319,14 +315,12 @@ def _key_equalities(table: Table, where: tuple[ast.Relation, ...], statement: st
 def _selected_columns(table: Table, names: tuple[str, ...] | None) -> list[tuple[str, str]]:
     if names is None:
         return [(c.name, c.type) for c in table.columns]
-    for name in names:
-        _coerce(table, name, None)
-    return [(n, table.column_type(n)) for n in names]
+    return [(n, _require_column(table, n).type) for n in names]
 
 
 def _filter(table: Table, relation: ast.Relation) -> Filter:
     if relation.op == "IS NOT NULL":
-        _coerce(table, relation.column, None)
+        _require_column(table, relation.column)
         return Filter(relation.column, relation.op, None)
     if relation.op == "IN":
         return Filter(relation.column, "IN", tuple(_coerce(table, relation.column, v) for v in relation.value))
@@ -350,22 +344,8 @@ def _partition_restrictions(table: Table, filters: tuple[Filter, ...]) -> list[t
     return keys
 
 
-def _chain_sorted(table: Table, streams: list) -> Iterator[list]:
-    if len(streams) == 1:
-        return streams[0]
-    key_positions = [next(i for i, c in enumerate(table.columns) if c.name == n) for n in table.primary_key]
-    pk_positions = key_positions[: len(table.partition_key)]
-    rows = [r for s in streams for r in s]
-
-    def order(row):
-        token = token_of(tuple(row[i] for i in pk_positions), table.partition_key_types)
-        return (token, tuple(sort_key(row[i]) for i in key_positions))
-
-    return iter(sorted(rows, key=order))
-
-
 def _limited(rows: Iterator, limit: int | None) -> Iterator:
-    return iter(take(rows, limit)) if limit is not None else rows
+    return itertools.islice(rows, limit) if limit is not None else rows
 
 
 def _pages(columns: list, rows: Iterator[list], page_size: int | None) -> Iterator[Result]:

@@ -35,12 +35,15 @@ class InflightWrites:
     def applied_version(self, current_version: int) -> int:
         """The newest schema version every write still running on this node was started under (or current)."""
         with self._changed:
-            return min([current_version, *self._by_version])
+            return self._applied(current_version)
 
     def wait_applied(self, target: int, current_version, timeout: float) -> bool:
         """Wait until applied_version(current_version()) >= target; `notify` wakes waiters on schema changes."""
         with self._changed:
-            return self._changed.wait_for(lambda: min([current_version(), *self._by_version]) >= target, timeout)
+            return self._changed.wait_for(lambda: self._applied(current_version()) >= target, timeout)
+
+    def _applied(self, current_version: int) -> int:
+        return min([current_version, *self._by_version])
 
     def notify(self) -> None:
         with self._changed:

@@ -17,6 +17,13 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def describe_error(error: Exception) -> str:
+    """`CODE: details` for a gRPC error, the message for any other."""
+    if isinstance(error, grpc.RpcError):
+        return f"{error.code().name}: {error.details()}"
+    return str(error)
+
+
 class Peers:
     """Resolves node ids to addresses (through `resolve`) and hands out cached stubs."""
 

@@ -13,7 +13,8 @@ from coordinator.core.tokens import tablet_of, tablet_range
 from coordinator.core.types import sort_key
 from vbcpb import vbc_pb2 as pb
 
-from .peers import Peers
+from .mutations import partition_token
+from .peers import Peers, describe_error
 from .replica import LocalData
 from .values import from_proto, to_proto
 
@@ -29,18 +30,24 @@ class ReadCoordinator:
         self._local = local
         self._peers = peers
 
-    def rows(self, table: Table, partition_key: tuple | None = None, token: int | None = None,
-             limit: int | None = None) -> Iterator[tuple]:
-        """Rows as tuples of every column value (schema order), sorted by (token, primary key)."""
+    def rows(self, table: Table, partitions: list[tuple] | None = None, limit: int | None = None) -> Iterator[tuple]:
+        """Rows as tuples of every column value (schema order), sorted by (token, primary key).
+
+        With `partitions` (partition key values), only those partitions are read; otherwise every tablet.
+        """
         tablet_map = self._read_state(lambda s: s.tablets.get(table.id))
         if tablet_map is None:
             raise NotFound(f"{table.qualified_name} was dropped while this read was being prepared")
         count = tablet_map.tablet_count
-        if partition_key is not None:
-            replicas = tablet_map.replicas[tablet_of(token, count)]
-            return (values for _, values in self._tablet_rows(table, replicas, token, token, partition_key, limit))
-        streams = [self._tablet_rows(table, replicas, *tablet_range(i, count), None, limit)
-                   for i, replicas in enumerate(tablet_map.replicas)]
+        if partitions is None:
+            streams = [self._tablet_rows(table, replicas, *tablet_range(i, count), None, limit)
+                       for i, replicas in enumerate(tablet_map.replicas)]
+        else:
+            streams = []
+            for key in partitions:
+                token = partition_token(table, dict(zip(table.partition_key, key)))
+                replicas = tablet_map.replicas[tablet_of(token, count)]
+                streams.append(self._tablet_rows(table, replicas, token, token, key, limit))
         return _merge_sorted(table, streams)
 
     def _tablet_rows(self, table, replicas, first, last, partition_key, limit) -> Iterator[tuple]:
@@ -58,7 +65,7 @@ class ReadCoordinator:
                 pages = iter(self._scan_one(replica.node, request))
                 first = next(pages, None)
             except (grpc.RpcError, CoreError) as error:
-                errors.append(f"{replica.node}: {_describe(error)}")
+                errors.append(f"{replica.node}: {describe_error(error)}")
                 continue
             return _rows_of([] if first is None else [first], pages)
         raise Unavailable(f"no replica could serve tokens {request.first_token}..{request.last_token}: {'; '.join(errors)}")
@@ -94,11 +101,3 @@ def _merge_sorted(table: Table, streams: list[Iterator[tuple]]) -> Iterator[tupl
     return (values for _, values in heapq.merge(*streams, key=key))
 
 
-def _describe(error: Exception) -> str:
-    if isinstance(error, grpc.RpcError):
-        return f"{error.code().name}: {error.details()}"
-    return str(error)
-
-
-def take(rows: Iterator, limit: int | None) -> list:
-    return list(itertools.islice(rows, limit)) if limit is not None else list(rows)

@@ -22,7 +22,7 @@ from . import metrics
 from .inflight import InflightWrites
 from .injection import Injections
 from .mutations import delete_row, row_from_proto, row_to_proto, storage_spec, upsert_row, visible_row
-from .peers import Peers
+from .peers import Peers, describe_error
 from .values import from_proto, to_proto
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class LocalData:
                 try:
                     self._send_view_batch(target, table_id, shard, group)
                 except (grpc.RpcError, CoreError) as error:
-                    log.info("view update to %s deferred (kept in outbox): %s", target, _describe(error))
+                    log.info("view update to %s deferred (kept in outbox): %s", target, describe_error(error))
                     metrics.VIEW_UPDATES_DEFERRED.inc(len(group))
                     failed.add(target)
                     continue
@@ -273,8 +273,3 @@ def _group_entries(entries: list[OutboxEntry]) -> dict:
         groups[(entry.target, batch.table_id, batch.shard)].append((entry, batch))
     return groups
 
-
-def _describe(error: Exception) -> str:
-    if isinstance(error, grpc.RpcError):
-        return f"{error.code().name}: {error.details()}"
-    return str(error)

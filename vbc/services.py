@@ -37,27 +37,34 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}: {error}); see the node log"
 
 
+def _abort(servicer, context, error: Exception) -> None:
+    code, message = status_for(error)
+    counter = getattr(servicer, "error_counter", None)
+    if counter is not None:
+        counter.labels(code.name).inc()
+    context.abort(code, message)
+
+
 def unary(method):
+    """Every error of the handler becomes a gRPC status (counted when the servicer has an error_counter)."""
     @functools.wraps(method)
     def wrapper(self, request, context):
         try:
             return method(self, request, context)
         except Exception as error:  # noqa: BLE001 - every error becomes a status; the daemon keeps serving
-            code, message = status_for(error)
-        context.abort(code, message)
+            _abort(self, context, error)
 
     return wrapper
 
 
 def streaming(method):
+    """Like `unary`, for server-streaming handlers."""
     @functools.wraps(method)
     def wrapper(self, request, context):
         try:
             yield from method(self, request, context)
-            return
         except Exception as error:  # noqa: BLE001
-            code, message = status_for(error)
-        context.abort(code, message)
+            _abort(self, context, error)
 
     return wrapper
 
@@ -75,26 +82,19 @@ def _params(request: pb.ExecuteRequest) -> list[list] | None:
 
 
 class ClientService(rpc.ClientServicer):
+    error_counter = metrics.STATEMENT_ERRORS
+
     def __init__(self, executor: Executor):
         self._executor = executor
 
+    @unary
     def Execute(self, request, context):
-        try:
-            return _response(self._executor.execute(request.statement, _params(request)))
-        except Exception as error:  # noqa: BLE001 - every error becomes a status; the daemon keeps serving
-            code, message = status_for(error)
-        metrics.STATEMENT_ERRORS.labels(code.name).inc()
-        context.abort(code, message)
+        return _response(self._executor.execute(request.statement, _params(request)))
 
+    @streaming
     def ExecuteStream(self, request, context):
-        try:
-            for page in self._executor.execute_pages(request.statement, request.page_size or 1000, _params(request)):
-                yield _response(page)
-            return
-        except Exception as error:  # noqa: BLE001
-            code, message = status_for(error)
-        metrics.STATEMENT_ERRORS.labels(code.name).inc()
-        context.abort(code, message)
+        for page in self._executor.execute_pages(request.statement, request.page_size or 1000, _params(request)):
+            yield _response(page)
 
 
 class AdminService(rpc.AdminServicer):

@@ -14,7 +14,7 @@ from vbcpb import vbc_pb2 as pb
 
 from .injection import Injections
 from .mutations import row_to_proto
-from .peers import Peers
+from .peers import Peers, describe_error
 from .replica import LocalData
 
 REPLICA_WRITE_TIMEOUT = 10.0
@@ -43,7 +43,7 @@ class WriteCoordinator:
             try:
                 future.result()
             except grpc.RpcError as error:
-                failures.append(f"{node}: {error.code().name}: {error.details()}")
+                failures.append(f"{node}: {describe_error(error)}")
         if failures:
             tables = ", ".join(sorted({t.qualified_name for t, _ in mutations}))
             raise Unavailable(
@@ -56,7 +56,7 @@ class WriteCoordinator:
             self._local.apply_base_write(batch)
             return []
         except CoreError as error:
-            return [f"{self.node_id}: {error.code}: {error.message}"]
+            return [f"{self.node_id}: {error.code}: {error.message}"]  # same shape as describe_error
 
 
 def _route(state, mutations: list[tuple[Table, Row]], timestamp: int) -> list[tuple[str, pb.MutationBatch]]:

@@ -87,10 +87,6 @@ class Table:
     def partition_key_types(self) -> tuple[str, ...]:
         return tuple(self.column_type(n) for n in self.partition_key)
 
-    @property
-    def is_view(self) -> bool:
-        return self.view is not None
-
 
 @dataclass(frozen=True, order=True)
 class Replica:

@@ -29,7 +29,7 @@ from .schema import (
     Task,
     ViewDef,
 )
-from .tokens import is_power_of_two, tablet_of
+from .tokens import is_power_of_two
 
 REMEMBERED_COMMANDS = 4096
 MAX_TABLETS = 4096
@@ -55,7 +55,6 @@ class Group0State:
         self.processing_base: str | None = None
         self.dropped_tables: set[str] = set()  # ids of dropped tables and views, so nodes drop their storage
         self.schema_version = 0
-        self.applied_commands = 0
         self._recent: OrderedDict[str, Outcome] = OrderedDict()
 
     def __setstate__(self, saved: dict) -> None:
@@ -70,7 +69,6 @@ class Group0State:
         if cmd_id is not None and cmd_id in self._recent:
             return self._recent[cmd_id]
         outcome = self._run(command)
-        self.applied_commands += 1
         if cmd_id is not None:
             self._remember(cmd_id, outcome)
         return outcome
@@ -114,12 +112,6 @@ class Group0State:
 
     def tables_in(self, keyspace: str) -> list[Table]:
         return [t for t in self.tables.values() if t.keyspace == keyspace]
-
-    def replicas_of(self, table_id: str, tablet_id: int) -> tuple[Replica, ...]:
-        return self.tablets[table_id].replicas[tablet_id]
-
-    def tablet_for_token(self, table_id: str, token: int) -> int:
-        return tablet_of(token, self.tablets[table_id].tablet_count)
 
     def tasks_of_view(self, view_id: str) -> Iterator[Task]:
         return (t for t in self.tasks.values() if t.view_id == view_id)
