@@ -11,6 +11,8 @@ from typing import Protocol, TypeVar
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
+from coordinator.core.errors import Unavailable
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -54,8 +56,8 @@ class StateMachine(Protocol):
     def apply(self, command: dict) -> object: ...
 
 
-class Group0Unavailable(Exception):
-    """No leader, no quorum, a timeout, or a closed Group0: the command's outcome is unknown."""
+class Group0Unavailable(Unavailable):
+    """No leader, no quorum, a timeout, or a closed Group0: the command's outcome is unknown (UNAVAILABLE)."""
 
 
 class StateMachineError(RuntimeError):

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vbc.cql import BindError, BindMarker, CqlSyntaxError, bind, bind_marker_count, parse
-from vbc.cql import ast
+from cql import BindError, BindMarker, CqlSyntaxError, bind, bind_marker_count, parse
+from cql import ast
 
 
 def test_markers_are_bound_in_text_order_across_clauses():

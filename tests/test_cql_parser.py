@@ -1,4 +1,4 @@
-"""Tests for vbc.cql: every statement form, error messages, round-trips and speed."""
+"""Tests for cql: every statement form, error messages, round-trips and speed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vbc.cql import (
+from cql import (
     AlterKeyspace,
     Batch,
     ColumnDef,

@@ -9,11 +9,12 @@ import pytest
 from coordinator.core.state import Group0State
 from storage.store import NodeStore
 from vbc.cluster import free_port
-from vbc.inflight import InflightWrites
-from vbc.injection import InjectedFailure, Injections
-from vbc.mutations import row_to_proto, storage_spec, upsert_row
-from vbc.peers import Peers
-from vbc.replica import OUTBOX_BATCH, LocalData
+from replica.inflight import InflightWrites
+from common.injection import InjectedFailure, Injections
+from replica.rows import row_to_proto, storage_spec, upsert_row
+from common.metrics import NodeMetrics
+from common.peers import Peers
+from replica.local import OUTBOX_BATCH, LocalData
 from vbcpb import vbc_pb2 as pb
 
 
@@ -90,7 +91,7 @@ def test_an_unreachable_view_replica_does_not_block_deliveries_to_others(tmp_pat
     store = NodeStore.for_data_dir(tmp_path)
     dead_address = f"127.0.0.1:{free_port()}"  # nothing listens: a real connection failure
     peers = Peers(lambda node: dead_address if node == "dead" else None)
-    local = LocalData("alive", store, _StateReader(state), lambda _v: None, peers, Injections(), InflightWrites())
+    local = LocalData("alive", store, _StateReader(state), lambda _v: None, peers, Injections(), InflightWrites(), NodeMetrics())
     try:
         for table in (state.tables[table_id], view):
             store.ensure_table(storage_spec(table))
@@ -114,13 +115,13 @@ def test_storage_is_dropped_only_for_tables_the_schema_says_were_dropped(tmp_pat
     state, table_id, view_id = _state_with_view()
     store = NodeStore.for_data_dir(tmp_path)
     local = LocalData("alive", store, _StateReader(state), lambda _v: None, Peers(lambda node: None), Injections(),
-                      InflightWrites())
+                      InflightWrites(), NodeMetrics())
     try:
         for table in (state.tables[table_id], state.tables[view_id]):
             local.ensure_table(table)
         lagging = _StateReader(Group0State())  # a node replaying its journal: it does not know the tables yet
         LocalData("alive", store, lagging, lambda _v: None, Peers(lambda node: None), Injections(),
-                  InflightWrites()).drop_dropped_tables()
+                  InflightWrites(), NodeMetrics()).drop_dropped_tables()
         assert store.table_ids() == {table_id, view_id}
         state.apply({"op": "drop_view", "keyspace": "ks", "name": "mv", "cmd_id": "drop"})
         local.drop_dropped_tables()

@@ -307,11 +307,11 @@ def cmd_node_start(args: argparse.Namespace) -> int:
         raise UsageError("every --grpc, --raft and peer address must be distinct")
     die_with_parent()
     try:
-        from vbc.node import NodeConfig, serve
+        from node.wiring import NodeConfig, serve
     except ModuleNotFoundError as exc:
-        if exc.name != "vbc.node":
+        if exc.name != "node.wiring":
             raise
-        print("error: the node daemon (vbc.node) is not installed", file=sys.stderr)
+        print("error: the node daemon (node.wiring) is not installed", file=sys.stderr)
         return 1
     args.data_dir.mkdir(parents=True, exist_ok=True)
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,

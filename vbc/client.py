@@ -8,7 +8,7 @@ from typing import Callable, Iterable, TypeVar
 
 import grpc
 
-from vbc.values import row_from_proto, row_to_proto
+from common.codec import row_from_proto, row_to_proto
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as pb_grpc
 

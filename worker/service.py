@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import grpc
 
+from common.injection import Injections
+from common.status import status_for
 from coordinator.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from vbcpb import vbc_pb2_grpc as rpc
 
@@ -53,13 +55,11 @@ def check_batch(state, node_id: str, shard: int, task_ids: list[str]) -> list:
 class WorkerService(rpc.WorkerServicer):
     """Answers WorkOnViewBuildingTasks; executing the tasks is the view building milestone's work."""
 
-    def __init__(self, node_id: str, read_state: Callable, current_term: Callable[[], int], status_for,
-                 injections):
+    def __init__(self, node_id: str, read_state: Callable, current_term: Callable[[], int], injections: Injections):
         self._node_id = node_id
         self._read_state = read_state
         self._current_term = current_term
         self._fence = TermFence()
-        self._status_for = status_for
         self._injections = injections
 
     def WorkOnViewBuildingTasks(self, request, context):
@@ -69,7 +69,7 @@ class WorkerService(rpc.WorkerServicer):
             self._read_state(lambda s: check_batch(s, self._node_id, request.shard, list(request.task_ids)))
             self._fence.admit(request.term)
         except Exception as error:  # noqa: BLE001 - mapped to a status, the node keeps serving
-            code, message = self._status_for(error)
+            code, message = status_for(error)
             context.abort(code, message)
         context.abort(grpc.StatusCode.UNIMPLEMENTED,
                       "this node does not execute view building tasks yet (the view building coordinator "

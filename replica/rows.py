@@ -6,7 +6,7 @@ from coordinator.core.tokens import token_of
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, visible_values
 from vbcpb import vbc_pb2 as pb
 
-from .values import from_proto, to_proto
+from common.codec import from_proto, to_proto
 
 
 def storage_spec(table: Table) -> TableSpec:

@@ -1,4 +1,4 @@
-"""CQL front end: parse statement text into the immutable AST in vbc.cql.ast."""
+"""CQL front end: parse statement text into the immutable AST in cql.ast."""
 
 from .ast import (
     AlterKeyspace,

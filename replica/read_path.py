@@ -13,10 +13,10 @@ from coordinator.core.tokens import tablet_of, tablet_range
 from coordinator.core.types import sort_key
 from vbcpb import vbc_pb2 as pb
 
-from .mutations import partition_token
-from .peers import Peers, describe_error
-from .replica import LocalData
-from .values import from_proto, to_proto
+from replica.rows import partition_token
+from common.peers import Peers, describe_error
+from replica.local import LocalData
+from common.codec import from_proto, to_proto
 
 SCAN_TIMEOUT = 600.0  # a whole streamed scan; pages are flow-controlled by the consumer
 

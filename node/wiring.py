@@ -14,26 +14,28 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.injection import Injections
+from common.metrics import NodeMetrics, serve_metrics
+from common.peers import Peers
 from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
 from coordinator.core.state import Group0State
 from coordinator.raft import Group0, Group0Unavailable
+from cql.executor import Executor
+from replica.inflight import InflightWrites
+from replica.local import LocalData
+from replica.read_path import ReadCoordinator
+from replica.write_path import WriteCoordinator
 from storage.store import NodeStore
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
 from worker.service import WorkerService
 
-from .executor import Executor
-from .inflight import InflightWrites
-from .injection import Injections
-from .metrics import serve_metrics
-from .peers import Peers
-from .read_path import ReadCoordinator
-from .replica import LocalData
-from .services import AdminService, ClientService, InternodeService, status_for
-from .write_path import WriteCoordinator
+from .admin_service import AdminDeps, AdminService
+from .client_service import ClientService
+from .internode_service import InternodeDeps, InternodeService
 
-log = logging.getLogger("vbc.node")
+log = logging.getLogger("node.wiring")
 
 DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
@@ -63,6 +65,7 @@ class Node:
         self.data_dir = Path(config.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.injections = Injections()
+        self.metrics = NodeMetrics()
         self.inflight = InflightWrites()
         self._clock = HybridClock()
         self._clock_lock = threading.Lock()
@@ -79,13 +82,14 @@ class Node:
         )
         self.peers = Peers(self._grpc_address_of)
         self.local = LocalData(self.node_id, self.store, self.group0.read, self.catch_up, self.peers,
-                               self.injections, self.inflight)
+                               self.injections, self.inflight, self.metrics)
         self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, self.peers, self.injections)
         self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, self.peers)
-        self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections)
+        self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections, self.metrics)
         self._health = health.HealthServicer()
         self._server = self._build_server()
         self._threads: list[threading.Thread] = []
+        self._metrics_server = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -94,7 +98,7 @@ class Node:
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.group0.start()
         if self.config.metrics_addr:
-            serve_metrics(self.config.metrics_addr, self)
+            self._start_metrics(self.config.metrics_addr)
         for target, name in ((self._join, "join"), (self._watch_schema, "schema-watch"),
                              (self._flush_outbox_loop, "outbox")):
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -108,6 +112,9 @@ class Node:
         self.injections.disable_all()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self._server.stop(grace=2.0).wait(5.0)
+        self._admin.close()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
         for thread in self._threads:
             thread.join(timeout=5.0)
         self.group0.close()
@@ -119,12 +126,16 @@ class Node:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
                              options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
                                       ("grpc.max_send_message_length", 64 * 1024 * 1024)])
-        rpc.add_ClientServicer_to_server(ClientService(self.executor), server)
-        rpc.add_AdminServicer_to_server(AdminService(self), server)
-        rpc.add_InternodeServicer_to_server(InternodeService(self), server)
+        rpc.add_ClientServicer_to_server(ClientService(self.executor, self.metrics.statement_errors), server)
+        self._admin = AdminService(AdminDeps(
+            node_id=self.node_id, read_state=self.group0.read, raft_status=self.group0.status,
+            require_ready=self.require_ready, probe=self.probe, injections=self.injections))
+        rpc.add_AdminServicer_to_server(self._admin, server)
+        rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
+            replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,
+            wait_schema_applied=self.wait_schema_applied)), server)
         rpc.add_WorkerServicer_to_server(
-            WorkerService(self.node_id, self.group0.read, lambda: self.group0.term, status_for, self.injections),
-            server)
+            WorkerService(self.node_id, self.group0.read, lambda: self.group0.term, self.injections), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Client", "Admin", "Internode", "Worker")]
         reflection.enable_server_reflection(names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -136,6 +147,13 @@ class Node:
     def _set_health(self, status) -> None:
         for name in ("", "vbc.v1.Client", "vbc.v1.Admin", "vbc.v1.Internode", "vbc.v1.Worker"):
             self._health.set(name, status)
+
+    def _start_metrics(self, address: str) -> None:
+        self.metrics.bind_gauges(
+            outbox_pending=self.store.outbox_size, raft_term=lambda: self.group0.term,
+            raft_applied=lambda: self.group0.applied_index, raft_leader=lambda: 1 if self.group0.is_leader else 0,
+            schema_version=self.schema_version)
+        self._metrics_server, _ = serve_metrics(address, self.metrics.registry)
 
     def _join(self) -> None:
         """Register this node in group0 (retrying until a leader commits it), then report SERVING."""

@@ -18,12 +18,12 @@ from storage.cells import Row
 from storage.store import NodeStore, OutboxEntry
 from vbcpb import vbc_pb2 as pb
 
-from . import metrics
-from .inflight import InflightWrites
-from .injection import Injections
-from .mutations import delete_row, row_from_proto, row_to_proto, storage_spec, upsert_row, visible_row
-from .peers import Peers, describe_error
-from .values import from_proto, to_proto
+from common.metrics import NodeMetrics
+from replica.inflight import InflightWrites
+from common.injection import Injections
+from replica.rows import delete_row, row_from_proto, row_to_proto, storage_spec, upsert_row, visible_row
+from common.peers import Peers, describe_error
+from common.codec import from_proto, to_proto
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class LocalData:
     """Everything this node does with the rows it stores."""
 
     def __init__(self, node_id: str, store: NodeStore, read_state: Callable, catch_up: Callable[[int], None],
-                 peers: Peers, injections: Injections, inflight: InflightWrites):
+                 peers: Peers, injections: Injections, inflight: InflightWrites, metrics: NodeMetrics):
         self.node_id = node_id
         self.store = store
         self._read_state = read_state
@@ -63,6 +63,7 @@ class LocalData:
         self._peers = peers
         self._injections = injections
         self._inflight = inflight
+        self._metrics = metrics
         self._ensured: set[str] = set()
         self._ensure_lock = threading.Lock()
         self._delivering: set[int] = set()
@@ -108,7 +109,7 @@ class LocalData:
             derive = self._deriver(context, produced) if context.views else None
             result = self._apply_to_store(context.table, rows, derive)
         self._injections.hit("write.replica.after_apply")
-        metrics.ROWS_APPLIED.labels("base").inc(result.changed)
+        self._metrics.rows_applied.labels("base").inc(result.changed)
         if result.outbox_ids:
             entries = [OutboxEntry(i, t, p) for i, (t, p) in zip(result.outbox_ids, produced, strict=True)]
             self.deliver(entries)
@@ -167,7 +168,7 @@ class LocalData:
             return 0  # the view was dropped meanwhile: its updates are moot
         self.ensure_table(view)
         changed = self._apply_to_store(view, [row_from_proto(m) for m in batch.mutations]).changed
-        metrics.ROWS_APPLIED.labels("view").inc(changed)
+        self._metrics.rows_applied.labels("view").inc(changed)
         return changed
 
     def deliver(self, entries: list[OutboxEntry]) -> set[str]:
@@ -183,16 +184,16 @@ class LocalData:
                     self._send_view_batch(target, table_id, shard, group)
                 except (grpc.RpcError, CoreError) as error:
                     log.info("view update to %s deferred (kept in outbox): %s", target, describe_error(error))
-                    metrics.VIEW_UPDATES_DEFERRED.inc(len(group))
+                    self._metrics.view_updates_deferred.inc(len(group))
                     failed.add(target)
                     continue
                 except Exception:  # noqa: BLE001 - unexpected: keep the entries, retry, and say so loudly
                     log.warning("view update to %s failed unexpectedly (kept in outbox)", target, exc_info=True)
-                    metrics.VIEW_UPDATES_DEFERRED.inc(len(group))
+                    self._metrics.view_updates_deferred.inc(len(group))
                     failed.add(target)
                     continue
                 self.store.outbox_ack([e.id for e, _ in group])
-                metrics.VIEW_UPDATES_SENT.inc(len(group))
+                self._metrics.view_updates_sent.inc(len(group))
             return failed
         finally:
             self._release(claimed)

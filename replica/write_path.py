@@ -12,10 +12,10 @@ from coordinator.core.tokens import tablet_of
 from storage.cells import Row
 from vbcpb import vbc_pb2 as pb
 
-from .injection import Injections
-from .mutations import row_to_proto
-from .peers import Peers, describe_error
-from .replica import LocalData
+from common.injection import Injections
+from replica.rows import row_to_proto
+from common.peers import Peers, describe_error
+from replica.local import LocalData
 
 REPLICA_WRITE_TIMEOUT = 10.0
 

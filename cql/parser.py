@@ -1,4 +1,4 @@
-"""CQL text -> vbc.cql.ast statements: the lark LALR parser, AST building and readable syntax errors."""
+"""CQL text -> cql.ast statements: the lark LALR parser, AST building and readable syntax errors."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any, Iterable, NoReturn
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.lexer import PatternStr
+
+from coordinator.core.errors import InvalidArgument
 
 from .ast import (
     AlterKeyspace,
@@ -37,18 +39,24 @@ from .ast import (
 __all__ = ["CqlSyntaxError", "parse", "ALLOWED_TYPES"]
 
 
-class CqlSyntaxError(ValueError):
+class CqlSyntaxError(InvalidArgument, ValueError):
     """A statement that cannot be parsed; ``str(err)`` is a human-readable message.
 
     ``line``/``column`` (1-based) locate the problem when known; ``reason`` is the
-    message without the position prefix.
+    message without the position prefix. As an InvalidArgument, it reaches the client as
+    INVALID_ARGUMENT with the message ``syntax error: <str(err)>``.
     """
 
     def __init__(self, reason: str, line: int | None = None, column: int | None = None) -> None:
         self.reason = reason
         self.line = line
         self.column = column
-        super().__init__(reason if line is None else f"line {line}:{column}: {reason}")
+        located = reason if line is None else f"line {line}:{column}: {reason}"
+        super().__init__(located)
+        self.message = f"syntax error: {located}"
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 # Column types accepted by CREATE TABLE, mapped to their canonical name.

@@ -1,0 +1,48 @@
+"""Prometheus metrics of one node, in a registry of its own, and the HTTP endpoint that serves them."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class NodeMetrics:
+    """Every metric a node exports; each node (also several in one process) has its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.statements = Counter("vbc_statements_total", "Statements executed by this node as coordinator",
+                                  ["kind"], registry=r)
+        self.statement_errors = Counter("vbc_statement_errors_total", "Statements that failed, by gRPC status code",
+                                        ["code"], registry=r)
+        self.statement_seconds = Histogram("vbc_statement_seconds", "Statement latency at the coordinating node",
+                                           ["kind"], registry=r)
+        self.rows_applied = Counter("vbc_rows_applied_total", "Rows whose stored state changed on this replica",
+                                    ["role"], registry=r)
+        self.view_updates_sent = Counter("vbc_view_updates_sent_total",
+                                         "View mutations delivered to paired view replicas", registry=r)
+        self.view_updates_deferred = Counter("vbc_view_updates_deferred_total",
+                                             "View mutations whose delivery failed and stay queued in the outbox",
+                                             registry=r)
+        self.outbox_pending = Gauge("vbc_outbox_pending", "View mutations waiting in this node's outbox", registry=r)
+        self.raft_term = Gauge("vbc_raft_term", "Current group0 Raft term", registry=r)
+        self.raft_applied = Gauge("vbc_raft_applied_index", "group0 commands applied on this node", registry=r)
+        self.raft_leader = Gauge("vbc_raft_is_leader", "1 when this node is the group0 leader", registry=r)
+        self.schema_version = Gauge("vbc_schema_version", "Schema version applied on this node", registry=r)
+
+    def bind_gauges(self, *, outbox_pending: Callable[[], float], raft_term: Callable[[], float],
+                    raft_applied: Callable[[], float], raft_leader: Callable[[], float],
+                    schema_version: Callable[[], float]) -> None:
+        """Make the gauges read live values when scraped."""
+        self.outbox_pending.set_function(outbox_pending)
+        self.raft_term.set_function(raft_term)
+        self.raft_applied.set_function(raft_applied)
+        self.raft_leader.set_function(raft_leader)
+        self.schema_version.set_function(schema_version)
+
+
+def serve_metrics(address: str, registry: CollectorRegistry):
+    """Start the HTTP endpoint for `registry` on `address` (HOST:PORT); returns (server, thread)."""
+    host, _, port = address.rpartition(":")
+    return start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)

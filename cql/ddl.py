@@ -1,0 +1,136 @@
+"""Schema statements (CREATE/ALTER/DROP of keyspaces, tables, views and indexes) as group0 commands."""
+from __future__ import annotations
+
+import uuid
+
+from common.injection import Injections
+from coordinator.core.errors import InvalidArgument, error_from_code
+
+from . import ast
+from .catalog import Group0Client, keyspace_of
+from .result import Result
+
+DEFAULT_INITIAL_TABLETS = 8
+DDL_TIMEOUT = 20.0
+
+
+class SchemaStatements:
+    """Turns each schema statement into one group0 command and its outcome into a message."""
+
+    def __init__(self, group0: Group0Client, injections: Injections):
+        self._group0 = group0
+        self._injections = injections
+
+    def run(self, statement: ast.Statement) -> Result:
+        return _HANDLERS[type(statement)](self, statement)
+
+    def _propose(self, command: dict) -> object:
+        self._injections.hit("ddl.before_propose")
+        command = dict(command, cmd_id=uuid.uuid4().hex)
+        outcome = self._group0.propose(command, timeout=DDL_TIMEOUT)
+        if not outcome.ok:
+            raise error_from_code(outcome.error_code, outcome.error_message)
+        return outcome.value
+
+    def _create_keyspace(self, s: ast.CreateKeyspace) -> Result:
+        rf = _replication_factor(s.replication)
+        tablets = _initial_tablets(s.tablets)
+        value = self._propose({"op": "create_keyspace", "name": s.name, "rf": rf, "initial_tablets": tablets,
+                               "if_not_exists": s.if_not_exists})
+        return _message("created", "keyspace", s.name, value)
+
+    def _alter_keyspace(self, s: ast.AlterKeyspace) -> Result:
+        rf = _replication_factor(s.replication)
+        value = self._propose({"op": "alter_keyspace", "name": s.name, "rf": rf, "id_seed": uuid.uuid4().hex})
+        return _message("altered", "keyspace", s.name, value)
+
+    def _create_table(self, s: ast.CreateTable) -> Result:
+        keyspace = keyspace_of(s.table)
+        value = self._propose({
+            "op": "create_table", "id": uuid.uuid4().hex, "keyspace": keyspace, "name": s.table.name,
+            "columns": [[c.name, c.type] for c in s.columns], "partition_key": list(s.partition_key),
+            "clustering_key": list(s.clustering_key), "if_not_exists": s.if_not_exists,
+        })
+        return _message("created", "table", f"{keyspace}.{s.table.name}", value)
+
+    def _create_view(self, s: ast.CreateView) -> Result:
+        keyspace = keyspace_of(s.view)
+        if s.base.keyspace not in (None, keyspace):
+            raise InvalidArgument(f"a view must be in the keyspace of its base table ({s.base.keyspace}), not {keyspace}")
+        value = self._propose({
+            "op": "create_view", "id": uuid.uuid4().hex, "keyspace": keyspace, "name": s.view.name,
+            "base": s.base.name, "columns": list(s.columns) if s.columns is not None else None,
+            "where": [[r.column, r.op, r.value] for r in s.where], "partition_key": list(s.partition_key),
+            "clustering_key": list(s.clustering_key), "if_not_exists": s.if_not_exists,
+        })
+        return _message("created", "materialized view", f"{keyspace}.{s.view.name}", value)
+
+    def _create_index(self, s: ast.CreateIndex) -> Result:
+        keyspace = keyspace_of(s.table)
+        name = s.name or f"{s.table.name}_{s.column}_idx"
+        value = self._propose({"op": "create_index", "id": uuid.uuid4().hex, "keyspace": keyspace, "name": name,
+                               "base": s.table.name, "column": s.column, "if_not_exists": s.if_not_exists})
+        return _message("created", "index", f"{keyspace}.{name}", value)
+
+    def _drop_keyspace(self, s: ast.DropKeyspace) -> Result:
+        value = self._propose({"op": "drop_keyspace", "name": s.name, "if_exists": s.if_exists})
+        return _message("dropped", "keyspace", s.name, value)
+
+    def _drop_table(self, s: ast.DropTable) -> Result:
+        keyspace = keyspace_of(s.table)
+        value = self._propose({"op": "drop_table", "keyspace": keyspace, "name": s.table.name, "if_exists": s.if_exists})
+        return _message("dropped", "table", f"{keyspace}.{s.table.name}", value)
+
+    def _drop_view(self, s: ast.DropView) -> Result:
+        keyspace = keyspace_of(s.view)
+        value = self._propose({"op": "drop_view", "keyspace": keyspace, "name": s.view.name, "if_exists": s.if_exists})
+        return _message("dropped", "materialized view", f"{keyspace}.{s.view.name}", value)
+
+    def _drop_index(self, s: ast.DropIndex) -> Result:
+        keyspace = keyspace_of(s.index)
+        value = self._propose({"op": "drop_view", "keyspace": keyspace, "name": s.index.name, "if_exists": s.if_exists,
+                               "is_index": True})
+        return _message("dropped", "index", f"{keyspace}.{s.index.name}", value)
+
+
+def _message(verb: str, kind: str, name: str, value: object) -> Result:
+    if value == "exists":
+        return Result(message=f"{kind} {name} already exists (IF NOT EXISTS): nothing done")
+    if value == "absent":
+        return Result(message=f"{kind} {name} does not exist (IF EXISTS): nothing done")
+    return Result(message=f"{verb} {kind} {name}")
+
+
+def _replication_factor(options: dict) -> int:
+    unknown = set(options) - {"rf", "replication_factor", "class"}
+    if unknown:
+        raise InvalidArgument(f"unknown replication option(s) {', '.join(sorted(unknown))}; use {{'rf': N}}")
+    value = options.get("rf", options.get("replication_factor"))
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"replication needs an integer 'rf' (e.g. {{'rf': 3}}), got {value!r}")
+    return value
+
+
+def _initial_tablets(options: dict) -> int:
+    unknown = set(options) - {"initial"}
+    if unknown:
+        raise InvalidArgument(f"unknown tablets option(s) {', '.join(sorted(unknown))}; use {{'initial': N}}")
+    value = options.get("initial", DEFAULT_INITIAL_TABLETS)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    return value
+
+
+_HANDLERS = {
+    ast.CreateKeyspace: SchemaStatements._create_keyspace,
+    ast.AlterKeyspace: SchemaStatements._alter_keyspace,
+    ast.CreateTable: SchemaStatements._create_table,
+    ast.CreateView: SchemaStatements._create_view,
+    ast.CreateIndex: SchemaStatements._create_index,
+    ast.DropKeyspace: SchemaStatements._drop_keyspace,
+    ast.DropTable: SchemaStatements._drop_table,
+    ast.DropView: SchemaStatements._drop_view,
+    ast.DropIndex: SchemaStatements._drop_index,
+}

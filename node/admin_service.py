@@ -1,0 +1,108 @@
+"""The Admin gRPC service: cluster status, tablet maps and fault injection, for operators and the CLI."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from common.injection import Injections
+from common.status import unary
+from coordinator.core.errors import InvalidArgument, NotFound
+from coordinator.core.tokens import tablet_range
+from vbcpb import vbc_pb2 as pb
+from vbcpb import vbc_pb2_grpc as rpc
+
+STATUS_PROBE_THREADS = 8
+
+
+@dataclass(frozen=True)
+class AdminDeps:
+    """What the Admin service needs of its node."""
+
+    node_id: str
+    read_state: Callable  # fn(state) -> value, under the group0 read lock
+    raft_status: Callable[[], dict]
+    require_ready: Callable[[], None]
+    probe: Callable[[str], pb.LocalStatusResponse | None]  # a node's local status, None if it does not answer
+    injections: Injections
+
+
+class AdminService(rpc.AdminServicer):
+    def __init__(self, deps: AdminDeps):
+        self._deps = deps
+        self._pool = ThreadPoolExecutor(max_workers=STATUS_PROBE_THREADS, thread_name_prefix="status")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @unary
+    def Status(self, request, context):
+        deps = self._deps
+        deps.require_ready()
+        group0_status = deps.raft_status()
+        nodes, views, version = deps.read_state(_status_snapshot)
+        probes = {n.id: self._pool.submit(deps.probe, n.id) for n in nodes}
+        response = pb.StatusResponse(leader=group0_status.get("leader_id") or "", term=group0_status["term"],
+                                     answered_by=deps.node_id, schema_version=version)
+        for member in nodes:
+            local = probes[member.id].result()
+            response.nodes.append(pb.NodeStatus(
+                id=member.id, grpc=member.grpc, raft=member.raft, alive=local is not None, shards=member.shards,
+                schema_version=local.schema_version if local else 0,
+                pending_view_updates=local.pending_view_updates if local else 0,
+            ))
+        response.views.extend(views)
+        return response
+
+    @unary
+    def Tablets(self, request, context):
+        keyspace, _, name = request.table.partition(".")
+        if not keyspace or not name:
+            raise InvalidArgument(f"give the table as KEYSPACE.TABLE, got {request.table!r}")
+        table, tablet_map = self._deps.read_state(lambda s: _table_and_tablets(s, keyspace, name))
+        response = pb.TabletsResponse(table=table.qualified_name, table_id=table.id)
+        for tablet_id, replicas in enumerate(tablet_map.replicas):
+            first, last = tablet_range(tablet_id, tablet_map.tablet_count)
+            response.tablets.append(pb.TabletInfo(tablet=tablet_id, first_token=first, last_token=last,
+                                                  replicas=[str(r) for r in replicas]))
+        return response
+
+    @unary
+    def Inject(self, request, context):
+        injections = self._deps.injections
+        action = request.action
+        hit = False
+        try:
+            if action == pb.InjectRequest.ENABLE:
+                injections.enable(request.name, request.mode or "fail", request.one_shot)
+            elif action == pb.InjectRequest.DISABLE:
+                injections.disable(request.name)
+            elif action == pb.InjectRequest.WAIT_HIT:
+                hit = injections.wait_hit(request.name, request.timeout or 10.0)
+        except KeyError as error:
+            raise NotFound(error.args[0]) from None
+        except ValueError as error:
+            raise InvalidArgument(str(error)) from None
+        points = [pb.InjectionPoint(name=n, enabled=p.enabled, mode=p.mode, one_shot=p.one_shot, hits=p.hits)
+                  for n, p in sorted(injections.points().items())]
+        return pb.InjectResponse(hit=hit, points=points, node=self._deps.node_id)
+
+
+def _table_and_tablets(state, keyspace: str, name: str):
+    table = state.require_table(keyspace, name)
+    return table, state.tablets[table.id]
+
+
+def _status_snapshot(state):
+    views = []
+    for view in (t for t in state.tables.values() if t.view is not None):
+        progress = state.view_progress(view.id)
+        total, done = progress["tasks_total"], progress["tasks_done"]
+        base = state.tables[view.view.base_id]
+        views.append(pb.ViewStatus(
+            name=view.qualified_name, base=base.qualified_name, state="BUILT" if progress["built"] else "BUILDING",
+            tasks_total=total, tasks_done=done,
+            progress=1.0 if progress["built"] else (done / total if total else 0.0),
+            hosts=progress["hosts"], is_index=view.view.is_index,
+        ))
+    return sorted(state.nodes.values(), key=lambda n: n.id), views, state.schema_version
