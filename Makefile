@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 PROTO_GEN = $(PYTHON) -m grpc_tools.protoc -Iproto --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) proto/vbcpb/vbc.proto
 
-.PHONY: venv test demo proto check-proto bench clean
+.PHONY: venv test test-fast lint demo proto check-proto bench clean
 
 venv: $(STAMP)
 
@@ -16,8 +16,17 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-* && touch $@
 
-test: venv check-proto
+# Everything: the layer contract, the generated code check, then every test (real processes included).
+test: lint check-proto
 	$(PYTHON) -m pytest -q -p no:cacheprovider
+
+# The inner loop: every test that starts no process (pure core, adapters in-process, fakes).
+test-fast: venv
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration"
+
+# The layer order (pyproject.toml [tool.importlinter]): a lower layer importing a higher one fails.
+lint: venv
+	$(VENV)/bin/lint-imports --no-cache
 
 demo: venv
 	$(PYTHON) -m vbc.demo

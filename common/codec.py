@@ -1,10 +1,18 @@
-"""Conversion between Python values and the protobuf `Value` message."""
+"""The one place that converts between domain values and protobuf messages (values, rows, batches, scans).
+
+Names say what is converted: `value_*` one cell value ↔ `Value`; `values_*` a list of values ↔ `Row` (a
+client's bind values or result row); `row_*` a storage row ↔ `Mutation`; `batch_*`, `scan_request_*`,
+`scan_page_*` the replica messages of `common.replica_messages`.
+"""
 from __future__ import annotations
 
+from storage.cells import Cell, Row
 from vbcpb import vbc_pb2 as pb
 
+from common.replica_messages import DEFAULT_PAGE_SIZE, RowBatch, ScanPage, ScannedRow, ScanRequest
 
-def to_proto(value: object) -> pb.Value:
+
+def value_to_proto(value: object) -> pb.Value:
     if value is None:
         return pb.Value(null=True)
     if isinstance(value, bool):
@@ -18,16 +26,76 @@ def to_proto(value: object) -> pb.Value:
     raise TypeError(f"cannot encode {value!r} ({type(value).__name__}) as a Value")
 
 
-def from_proto(message: pb.Value) -> object:
+def value_from_proto(message: pb.Value) -> object:
     kind = message.WhichOneof("kind")
     if kind is None or kind == "null":
         return None
     return getattr(message, kind)
 
 
-def row_to_proto(values) -> pb.Row:
-    return pb.Row(values=[to_proto(v) for v in values])
+def values_to_proto(values) -> pb.Row:
+    return pb.Row(values=[value_to_proto(v) for v in values])
 
 
-def row_from_proto(row: pb.Row) -> list:
-    return [from_proto(v) for v in row.values]
+def values_from_proto(message: pb.Row) -> list:
+    return [value_from_proto(v) for v in message.values]
+
+
+def row_to_proto(row: Row) -> pb.Mutation:
+    """A storage row (key, marker, tombstone, timestamped cells) as a Mutation; view_ts stays on the replica."""
+    message = pb.Mutation(token=row.token, key=[value_to_proto(v) for v in row.key])
+    if row.marker_ts is not None:
+        message.marker_ts = row.marker_ts
+    if row.tomb_ts is not None:
+        message.tomb_ts = row.tomb_ts
+    for name, cell in row.cells.items():
+        message.cells.append(pb.Cell(column=name, value=value_to_proto(cell.value), ts=cell.ts))
+    return message
+
+
+def row_from_proto(message: pb.Mutation) -> Row:
+    return Row(
+        token=message.token,
+        key=tuple(value_from_proto(v) for v in message.key),
+        marker_ts=message.marker_ts if message.HasField("marker_ts") else None,
+        tomb_ts=message.tomb_ts if message.HasField("tomb_ts") else None,
+        cells={c.column: Cell(value_from_proto(c.value), c.ts) for c in message.cells},
+    )
+
+
+def batch_to_proto(batch: RowBatch) -> pb.MutationBatch:
+    return pb.MutationBatch(table_id=batch.table_id, shard=batch.shard, timestamp=batch.timestamp,
+                            schema_version=batch.schema_version, mutations=[row_to_proto(r) for r in batch.rows])
+
+
+def batch_from_proto(message: pb.MutationBatch) -> RowBatch:
+    return RowBatch(table_id=message.table_id, shard=message.shard,
+                    rows=tuple(row_from_proto(m) for m in message.mutations),
+                    schema_version=message.schema_version, timestamp=message.timestamp)
+
+
+def batch_from_proto_bytes(payload: bytes) -> RowBatch:
+    """A serialized MutationBatch as a RowBatch (how outbox entries of format version 1 were stored)."""
+    return batch_from_proto(pb.MutationBatch.FromString(payload))
+
+
+def scan_request_to_proto(request: ScanRequest) -> pb.ScanRequest:
+    return pb.ScanRequest(table_id=request.table_id, first_token=request.first_token,
+                          last_token=request.last_token, limit=request.limit or 0, page_size=request.page_size,
+                          partition_key=[value_to_proto(v) for v in request.partition_key or ()])
+
+
+def scan_request_from_proto(message: pb.ScanRequest) -> ScanRequest:
+    partition_key = tuple(value_from_proto(v) for v in message.partition_key)
+    return ScanRequest(table_id=message.table_id, first_token=message.first_token,
+                       last_token=message.last_token, partition_key=partition_key or None,
+                       limit=message.limit or None, page_size=message.page_size or DEFAULT_PAGE_SIZE)
+
+
+def scan_page_to_proto(page: ScanPage) -> pb.ScanPage:
+    return pb.ScanPage(rows=[pb.ScanRow(token=r.token, values=[value_to_proto(v) for v in r.values])
+                             for r in page.rows])
+
+
+def scan_page_from_proto(message: pb.ScanPage) -> ScanPage:
+    return ScanPage(tuple(ScannedRow(r.token, tuple(value_from_proto(v) for v in r.values)) for r in message.rows))

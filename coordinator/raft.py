@@ -11,6 +11,7 @@ from typing import Protocol, TypeVar
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
+from coordinator.core.commands import Command, encode
 from coordinator.core.errors import Unavailable
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,10 @@ def raft_options(data_dir: Path, password: str) -> dict:
 
 
 class StateMachine(Protocol):
-    """The replicated object: deterministic, picklable, never raises for bad input."""
+    """The replicated object: deterministic, picklable, never raises for bad input (a raise is a bug).
+
+    It receives journal entries: plain dicts, as the Raft log and snapshots hold them.
+    """
 
     def apply(self, command: dict) -> object: ...
 
@@ -253,15 +257,16 @@ class Group0:
 
     # ----------------------------------------------------------------- commands
 
-    def propose(self, command: dict, timeout: float = 10.0) -> object:
-        """Replicate command; return what apply returned on this node's copy.
+    def propose(self, command: Command | dict, timeout: float = 10.0) -> object:
+        """Replicate command (a typed command is logged as its journal dict); return what apply returned here.
 
-        Retries after leader changes with the same command object (the state machine deduplicates).
+        Retries after leader changes with the same entry (the state machine deduplicates).
         """
-        result = self._replicate(lambda callback: self._state.apply_command(command, callback=callback),
+        entry = encode(command) if isinstance(command, Command) else command
+        result = self._replicate(lambda callback: self._state.apply_command(entry, callback=callback),
                                  "command", timeout)
         if isinstance(result, _ApplyFailure):
-            raise StateMachineError(f"group0 state machine failed to apply {command!r}: {result.description}")
+            raise StateMachineError(f"group0 state machine failed to apply {entry!r}: {result.description}")
         return result
 
     def barrier(self, timeout: float = 10.0) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable, Protocol, TypeVar
 
 from coordinator.core import types as coltypes
+from coordinator.core.commands import Command
 from coordinator.core.errors import InvalidArgument
 from coordinator.core.schema import Column, Table
 from coordinator.core.state import Group0State
@@ -20,7 +21,7 @@ class Group0Client(Protocol):
 
     def barrier(self, timeout: float = ...) -> int: ...
 
-    def propose(self, command: dict, timeout: float = ...) -> object: ...
+    def propose(self, command: Command, timeout: float = ...) -> object: ...
 
 
 class Catalog:

@@ -4,6 +4,19 @@ from __future__ import annotations
 import uuid
 
 from common.injection import Injections
+from coordinator.core.commands import (
+    AlterKeyspace,
+    ColumnSpec,
+    Command,
+    CreateIndex,
+    CreateKeyspace,
+    CreateTable,
+    CreateView,
+    DropKeyspace,
+    DropTable,
+    DropView,
+    WhereTerm,
+)
 from coordinator.core.errors import InvalidArgument, error_from_code
 
 from . import ast
@@ -24,9 +37,8 @@ class SchemaStatements:
     def run(self, statement: ast.Statement) -> Result:
         return _HANDLERS[type(statement)](self, statement)
 
-    def _propose(self, command: dict) -> object:
+    def _propose(self, command: Command) -> object:
         self._injections.hit("ddl.before_propose")
-        command = dict(command, cmd_id=uuid.uuid4().hex)
         outcome = self._group0.propose(command, timeout=DDL_TIMEOUT)
         if not outcome.ok:
             raise error_from_code(outcome.error_code, outcome.error_message)
@@ -35,62 +47,66 @@ class SchemaStatements:
     def _create_keyspace(self, s: ast.CreateKeyspace) -> Result:
         rf = _replication_factor(s.replication)
         tablets = _initial_tablets(s.tablets)
-        value = self._propose({"op": "create_keyspace", "name": s.name, "rf": rf, "initial_tablets": tablets,
-                               "if_not_exists": s.if_not_exists})
+        value = self._propose(CreateKeyspace(name=s.name, rf=rf, initial_tablets=tablets,
+                                             if_not_exists=s.if_not_exists, cmd_id=_new_id()))
         return _message("created", "keyspace", s.name, value)
 
     def _alter_keyspace(self, s: ast.AlterKeyspace) -> Result:
         rf = _replication_factor(s.replication)
-        value = self._propose({"op": "alter_keyspace", "name": s.name, "rf": rf, "id_seed": uuid.uuid4().hex})
+        value = self._propose(AlterKeyspace(name=s.name, rf=rf, id_seed=_new_id(), cmd_id=_new_id()))
         return _message("altered", "keyspace", s.name, value)
 
     def _create_table(self, s: ast.CreateTable) -> Result:
         keyspace = keyspace_of(s.table)
-        value = self._propose({
-            "op": "create_table", "id": uuid.uuid4().hex, "keyspace": keyspace, "name": s.table.name,
-            "columns": [[c.name, c.type] for c in s.columns], "partition_key": list(s.partition_key),
-            "clustering_key": list(s.clustering_key), "if_not_exists": s.if_not_exists,
-        })
+        value = self._propose(CreateTable(
+            id=_new_id(), keyspace=keyspace, name=s.table.name,
+            columns=tuple(ColumnSpec(c.name, c.type) for c in s.columns), partition_key=tuple(s.partition_key), clustering_key=tuple(s.clustering_key),
+            if_not_exists=s.if_not_exists, cmd_id=_new_id(),
+        ))
         return _message("created", "table", f"{keyspace}.{s.table.name}", value)
 
     def _create_view(self, s: ast.CreateView) -> Result:
         keyspace = keyspace_of(s.view)
         if s.base.keyspace not in (None, keyspace):
             raise InvalidArgument(f"a view must be in the keyspace of its base table ({s.base.keyspace}), not {keyspace}")
-        value = self._propose({
-            "op": "create_view", "id": uuid.uuid4().hex, "keyspace": keyspace, "name": s.view.name,
-            "base": s.base.name, "columns": list(s.columns) if s.columns is not None else None,
-            "where": [[r.column, r.op, r.value] for r in s.where], "partition_key": list(s.partition_key),
-            "clustering_key": list(s.clustering_key), "if_not_exists": s.if_not_exists,
-        })
+        value = self._propose(CreateView(
+            id=_new_id(), keyspace=keyspace, name=s.view.name, base=s.base.name,
+            columns=tuple(s.columns) if s.columns is not None else None,
+            where=tuple(WhereTerm(r.column, r.op, r.value) for r in s.where), partition_key=tuple(s.partition_key),
+            clustering_key=tuple(s.clustering_key), if_not_exists=s.if_not_exists, cmd_id=_new_id(),
+        ))
         return _message("created", "materialized view", f"{keyspace}.{s.view.name}", value)
 
     def _create_index(self, s: ast.CreateIndex) -> Result:
         keyspace = keyspace_of(s.table)
         name = s.name or f"{s.table.name}_{s.column}_idx"
-        value = self._propose({"op": "create_index", "id": uuid.uuid4().hex, "keyspace": keyspace, "name": name,
-                               "base": s.table.name, "column": s.column, "if_not_exists": s.if_not_exists})
+        value = self._propose(CreateIndex(id=_new_id(), keyspace=keyspace, name=name, base=s.table.name,
+                                          column=s.column, if_not_exists=s.if_not_exists, cmd_id=_new_id()))
         return _message("created", "index", f"{keyspace}.{name}", value)
 
     def _drop_keyspace(self, s: ast.DropKeyspace) -> Result:
-        value = self._propose({"op": "drop_keyspace", "name": s.name, "if_exists": s.if_exists})
+        value = self._propose(DropKeyspace(name=s.name, if_exists=s.if_exists, cmd_id=_new_id()))
         return _message("dropped", "keyspace", s.name, value)
 
     def _drop_table(self, s: ast.DropTable) -> Result:
         keyspace = keyspace_of(s.table)
-        value = self._propose({"op": "drop_table", "keyspace": keyspace, "name": s.table.name, "if_exists": s.if_exists})
+        value = self._propose(DropTable(keyspace=keyspace, name=s.table.name, if_exists=s.if_exists, cmd_id=_new_id()))
         return _message("dropped", "table", f"{keyspace}.{s.table.name}", value)
 
     def _drop_view(self, s: ast.DropView) -> Result:
         keyspace = keyspace_of(s.view)
-        value = self._propose({"op": "drop_view", "keyspace": keyspace, "name": s.view.name, "if_exists": s.if_exists})
+        value = self._propose(DropView(keyspace=keyspace, name=s.view.name, if_exists=s.if_exists, cmd_id=_new_id()))
         return _message("dropped", "materialized view", f"{keyspace}.{s.view.name}", value)
 
     def _drop_index(self, s: ast.DropIndex) -> Result:
         keyspace = keyspace_of(s.index)
-        value = self._propose({"op": "drop_view", "keyspace": keyspace, "name": s.index.name, "if_exists": s.if_exists,
-                               "is_index": True})
+        value = self._propose(DropView(keyspace=keyspace, name=s.index.name, if_exists=s.if_exists, is_index=True,
+                                       cmd_id=_new_id()))
         return _message("dropped", "index", f"{keyspace}.{s.index.name}", value)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
 
 
 def _message(verb: str, kind: str, name: str, value: object) -> Result:
@@ -120,6 +136,8 @@ def _initial_tablets(options: dict) -> int:
     value = options.get("initial", DEFAULT_INITIAL_TABLETS)
     if isinstance(value, str) and value.isdigit():
         value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"tablets needs an integer 'initial' (e.g. {{'initial': 8}}), got {value!r}")
     return value
 
 

@@ -1,7 +1,7 @@
 """The Client gRPC service: statements in, rows or messages out."""
 from __future__ import annotations
 
-from common.codec import row_from_proto, row_to_proto
+from common.codec import values_from_proto, values_to_proto
 from common.status import streaming, unary
 from cql.executor import Executor
 from cql.result import Result
@@ -29,10 +29,10 @@ class ClientService(rpc.ClientServicer):
 def _response(result: Result) -> pb.ExecuteResponse:
     return pb.ExecuteResponse(
         columns=[pb.Column(name=n, type=t) for n, t in result.columns],
-        rows=[row_to_proto(r) for r in result.rows],
+        rows=[values_to_proto(r) for r in result.rows],
         message=result.message,
     )
 
 
 def _params(request: pb.ExecuteRequest) -> list[list] | None:
-    return [row_from_proto(row) for row in request.params] or None
+    return [values_from_proto(row) for row in request.params] or None

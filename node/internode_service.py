@@ -1,9 +1,13 @@
-"""The Internode gRPC service: replica writes, view updates, scans and local status between nodes."""
+"""The Internode gRPC service: replica writes, view updates, scans and local status between nodes.
+
+Requests are converted from protobuf to domain values here (common.codec) before the replica role sees them.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common.codec import batch_from_proto, scan_page_to_proto, scan_request_from_proto
 from common.status import streaming, unary
 from replica.local import LocalData
 from vbcpb import vbc_pb2 as pb
@@ -27,15 +31,16 @@ class InternodeService(rpc.InternodeServicer):
     @unary
     def ReplicaWrite(self, request, context):
         self._deps.observe_timestamp(request.timestamp)
-        return pb.Ack(applied=self._deps.replica.apply_base_write(request))
+        return pb.Ack(applied=self._deps.replica.apply_base_write(batch_from_proto(request)))
 
     @unary
     def ViewUpdate(self, request, context):
-        return pb.Ack(applied=self._deps.replica.apply_view_update(request))
+        return pb.Ack(applied=self._deps.replica.apply_view_update(batch_from_proto(request)))
 
     @streaming
     def Scan(self, request, context):
-        yield from self._deps.replica.scan(request)
+        for page in self._deps.replica.scan(scan_request_from_proto(request)):
+            yield scan_page_to_proto(page)
 
     @unary
     def LocalStatus(self, request, context):

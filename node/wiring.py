@@ -14,16 +14,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.codec import batch_from_proto_bytes
 from common.injection import Injections
+from common.internode import InternodeTransport
 from common.metrics import NodeMetrics, serve_metrics
 from common.peers import Peers
+from coordinator.core.commands import RegisterNode
 from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
 from coordinator.core.state import Group0State
-from coordinator.raft import Group0, Group0Unavailable
+from coordinator.raft import Group0, Group0Unavailable, StateMachineError
 from cql.executor import Executor
 from replica.inflight import InflightWrites
-from replica.local import LocalData
+from replica.local import LocalData, SchemaAccess
 from replica.read_path import ReadCoordinator
 from replica.write_path import WriteCoordinator
 from storage.store import NodeStore
@@ -71,6 +74,7 @@ class Node:
         self._clock_lock = threading.Lock()
         self._stopping = threading.Event()
         self._ready = threading.Event()
+        self._join_failure = ""
         self._schema_changed = threading.Event()
         self.store = NodeStore(config.storage_url) if config.storage_url else NodeStore.for_data_dir(self.data_dir)
         self.group0 = Group0(
@@ -81,10 +85,11 @@ class Node:
             on_applied=lambda _index: self._schema_changed.set(),
         )
         self.peers = Peers(self._grpc_address_of)
-        self.local = LocalData(self.node_id, self.store, self.group0.read, self.catch_up, self.peers,
-                               self.injections, self.inflight, self.metrics)
-        self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, self.peers, self.injections)
-        self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, self.peers)
+        transport = InternodeTransport(self.peers)
+        self.local = LocalData(self.node_id, self.store, SchemaAccess(self.group0.read, self.catch_up, self.inflight),
+                               transport, self.injections, self.metrics, read_outbox_version_1=batch_from_proto_bytes)
+        self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, transport, self.injections)
+        self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, transport)
         self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections, self.metrics)
         self._health = health.HealthServicer()
         self._server = self._build_server()
@@ -157,17 +162,22 @@ class Node:
 
     def _join(self) -> None:
         """Register this node in group0 (retrying until a leader commits it), then report SERVING."""
-        command = {"op": "register_node", "node_id": self.node_id, "grpc": self.config.grpc_addr,
-                   "raft": self.config.raft_addr, "shards": self.config.shards,
-                   "cmd_id": f"register/{self.node_id}/{self.config.grpc_addr}/{self.config.raft_addr}/{self.config.shards}"}
+        config = self.config
+        command = RegisterNode(node_id=self.node_id, grpc=config.grpc_addr, raft=config.raft_addr, shards=config.shards,
+                               cmd_id=f"register/{self.node_id}/{config.grpc_addr}/{config.raft_addr}/{config.shards}")
         while not self._stopping.is_set():
             try:
                 outcome = self.group0.propose(command, timeout=5.0)
             except Group0Unavailable as error:
                 log.info("waiting to join group0: %s", error)
                 continue
+            except StateMachineError as error:
+                self._join_failure = f"group0 failed to apply its registration (a bug): {error}"
+                log.error("%s", self._join_failure)
+                return
             if not outcome.ok:
-                log.error("group0 refused this node: %s", outcome.error_message)
+                self._join_failure = f"group0 refused this node: {outcome.error_message}"
+                log.error("%s", self._join_failure)
                 return
             self._ready.set()
             self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -176,6 +186,8 @@ class Node:
 
     def require_ready(self) -> None:
         if not self._ready.is_set():
+            if self._join_failure:
+                raise Unavailable(f"node {self.node_id} cannot serve: {self._join_failure}; see its log")
             leader = self.group0.leader_id or "none yet"
             raise Unavailable(f"node {self.node_id} is starting: waiting to join group0 (Raft leader: {leader})")
 

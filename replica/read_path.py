@@ -4,100 +4,91 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
-import grpc
-
+from common.replica_messages import ScanPage, ScannedRow, ScanRequest
 from coordinator.core.errors import CoreError, NotFound, Unavailable
 from coordinator.core.schema import Replica, Table
 from coordinator.core.tokens import tablet_of, tablet_range
 from coordinator.core.types import sort_key
-from vbcpb import vbc_pb2 as pb
 
 from replica.rows import partition_token
-from common.peers import Peers, describe_error
-from replica.local import LocalData
-from common.codec import from_proto, to_proto
+from replica.transport import ReplicaTransport, describe
 
-SCAN_TIMEOUT = 600.0  # a whole streamed scan; pages are flow-controlled by the consumer
+
+class LocalScans(Protocol):
+    def scan(self, request: ScanRequest) -> Iterator[ScanPage]:
+        """The pages of a scan of this node's replica."""
 
 
 class ReadCoordinator:
     """Reads rows of a table or view from the replicas, one replica per tablet, falling back to the next."""
 
-    def __init__(self, node_id: str, read_state: Callable, local: LocalData, peers: Peers):
+    def __init__(self, node_id: str, read_state: Callable, local: LocalScans, transport: ReplicaTransport):
         self.node_id = node_id
         self._read_state = read_state
         self._local = local
-        self._peers = peers
+        self._transport = transport
 
     def rows(self, table: Table, partitions: list[tuple] | None = None, limit: int | None = None) -> Iterator[tuple]:
         """Rows as tuples of every column value (schema order), sorted by (token, primary key).
 
         With `partitions` (partition key values), only those partitions are read; otherwise every tablet.
+        `limit` caps the rows read from each tablet or partition (the caller still applies its own limit).
         """
         tablet_map = self._read_state(lambda s: s.tablets.get(table.id))
         if tablet_map is None:
             raise NotFound(f"{table.qualified_name} was dropped while this read was being prepared")
         count = tablet_map.tablet_count
         if partitions is None:
-            streams = [self._tablet_rows(table, replicas, *tablet_range(i, count), None, limit)
+            streams = [self._tablet_rows(ScanRequest(table.id, *tablet_range(i, count), limit=limit), replicas)
                        for i, replicas in enumerate(tablet_map.replicas)]
         else:
             streams = []
             for key in partitions:
                 token = partition_token(table, dict(zip(table.partition_key, key)))
-                replicas = tablet_map.replicas[tablet_of(token, count)]
-                streams.append(self._tablet_rows(table, replicas, token, token, key, limit))
-        return _merge_sorted(table, streams)
+                request = ScanRequest(table.id, token, token, partition_key=tuple(key), limit=limit)
+                streams.append(self._tablet_rows(request, tablet_map.replicas[tablet_of(token, count)]))
+        return merge_by_primary_key(table, streams)
 
-    def _tablet_rows(self, table, replicas, first, last, partition_key, limit) -> Iterator[tuple]:
-        request = pb.ScanRequest(table_id=table.id, first_token=first, last_token=last, limit=limit or 0,
-                                 page_size=1000)
-        if partition_key is not None:
-            request.partition_key.extend(to_proto(v) for v in partition_key)
-        return self._scan_with_fallback(request, _prefer_local(replicas, self.node_id))
+    def _tablet_rows(self, request: ScanRequest, replicas: tuple[Replica, ...]) -> Iterator[ScannedRow]:
+        """Rows from the first replica that delivers a first page; later pages stream without buffering.
 
-    def _scan_with_fallback(self, request: pb.ScanRequest, replicas: list[Replica]) -> Iterator[tuple]:
-        """Rows from the first replica that delivers a first page; later pages stream without buffering."""
+        A replica failing before its first page is skipped for the next one (the local replica is tried
+        first); a failure after it ends the read, since rows were already handed on.
+        """
         errors = []
-        for replica in replicas:
+        for replica in _prefer_local(replicas, self.node_id):
             try:
                 pages = iter(self._scan_one(replica.node, request))
                 first = next(pages, None)
-            except (grpc.RpcError, CoreError) as error:
-                errors.append(f"{replica.node}: {describe_error(error)}")
+            except CoreError as error:
+                errors.append(f"{replica.node}: {describe(error)}")
                 continue
             return _rows_of([] if first is None else [first], pages)
-        raise Unavailable(f"no replica could serve tokens {request.first_token}..{request.last_token}: {'; '.join(errors)}")
+        raise Unavailable(f"no replica could serve tokens {request.first_token}..{request.last_token}: "
+                          f"{'; '.join(errors)}")
 
-    def _scan_one(self, node: str, request: pb.ScanRequest) -> Iterator[pb.ScanPage]:
+    def _scan_one(self, node: str, request: ScanRequest) -> Iterator[ScanPage]:
         if node == self.node_id:
             return self._local.scan(request)
-        return self._peers.internode(node).Scan(request, timeout=SCAN_TIMEOUT)
+        return self._transport.scan(node, request)
 
 
 def _prefer_local(replicas: tuple[Replica, ...], node_id: str) -> list[Replica]:
     return sorted(replicas, key=lambda r: r.node != node_id)
 
 
-def _rows_of(first_pages: list, pages: Iterator[pb.ScanPage]) -> Iterator[tuple]:
+def _rows_of(first_pages: list[ScanPage], pages: Iterator[ScanPage]) -> Iterator[ScannedRow]:
     for page in itertools.chain(first_pages, pages):
-        for row in page.rows:
-            yield _decode_row(row)
+        yield from page.rows
 
 
-def _decode_row(row: pb.ScanRow) -> tuple:
-    return (row.token, tuple(from_proto(v) for v in row.values))
-
-
-def _merge_sorted(table: Table, streams: list[Iterator[tuple]]) -> Iterator[tuple]:
-    """k-way merge of per-tablet streams by (token, primary key); yields the column values."""
+def merge_by_primary_key(table: Table, streams: list[Iterator[ScannedRow]]) -> Iterator[tuple]:
+    """k-way merge of per-tablet streams, each in (token, primary key) order; yields the column values."""
     order = [next(i for i, c in enumerate(table.columns) if c.name == name) for name in table.primary_key]
 
-    def key(item):
-        token, values = item
-        return (token, tuple(sort_key(values[i]) for i in order))
+    def key(row: ScannedRow):
+        return (row.token, tuple(sort_key(row.values[i]) for i in order))
 
-    return (values for _, values in heapq.merge(*streams, key=key))
-
-
+    return (row.values for row in heapq.merge(*streams, key=key))

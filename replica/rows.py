@@ -1,12 +1,9 @@
-"""Conversions between schema tables, storage rows and protobuf mutations, and how rows are shown to readers."""
+"""Schema tables as storage specs, rows built from values, and how stored rows are shown to readers."""
 from __future__ import annotations
 
 from coordinator.core.schema import Table
 from coordinator.core.tokens import token_of
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, visible_values
-from vbcpb import vbc_pb2 as pb
-
-from common.codec import from_proto, to_proto
 
 
 def storage_spec(table: Table) -> TableSpec:
@@ -19,27 +16,6 @@ def storage_spec(table: Table) -> TableSpec:
 
 def partition_token(table: Table, values: dict) -> int:
     return token_of(tuple(values[c] for c in table.partition_key), table.partition_key_types)
-
-
-def row_to_proto(row: Row) -> pb.Mutation:
-    message = pb.Mutation(token=row.token, key=[to_proto(v) for v in row.key])
-    if row.marker_ts is not None:
-        message.marker_ts = row.marker_ts
-    if row.tomb_ts is not None:
-        message.tomb_ts = row.tomb_ts
-    for name, cell in row.cells.items():
-        message.cells.append(pb.Cell(column=name, value=to_proto(cell.value), ts=cell.ts))
-    return message
-
-
-def row_from_proto(message: pb.Mutation) -> Row:
-    return Row(
-        token=message.token,
-        key=tuple(from_proto(v) for v in message.key),
-        marker_ts=message.marker_ts if message.HasField("marker_ts") else None,
-        tomb_ts=message.tomb_ts if message.HasField("tomb_ts") else None,
-        cells={c.column: Cell(from_proto(c.value), c.ts) for c in message.cells},
-    )
 
 
 def visible_row(table: Table, row: Row | None) -> dict | None:

@@ -1,49 +1,52 @@
-"""The coordinating side of a write: route each mutation to every replica of its tablet (consistency ALL)."""
+"""The coordinating side of a write: route each row to every replica of its tablet (consistency ALL)."""
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Protocol
 
-import grpc
-
+from common.injection import Injections
+from common.replica_messages import RowBatch
 from coordinator.core.errors import CoreError, NotFound, Unavailable
 from coordinator.core.schema import Table
 from coordinator.core.tokens import tablet_of
 from storage.cells import Row
-from vbcpb import vbc_pb2 as pb
 
-from common.injection import Injections
-from replica.rows import row_to_proto
-from common.peers import Peers, describe_error
-from replica.local import LocalData
+from replica.transport import ReplicaTransport, describe
 
-REPLICA_WRITE_TIMEOUT = 10.0
+
+class LocalBaseReplica(Protocol):
+    def apply_base_write(self, batch: RowBatch) -> int:
+        """Apply a base write to this node's replica; the number of rows that changed."""
 
 
 class WriteCoordinator:
-    """Sends a write's mutations to all replicas and succeeds only when every replica applied them."""
+    """Sends a write's rows to all replicas and succeeds only when every replica applied them."""
 
-    def __init__(self, node_id: str, read_state: Callable, local: LocalData, peers: Peers, injections: Injections):
+    def __init__(self, node_id: str, read_state: Callable, local: LocalBaseReplica, transport: ReplicaTransport,
+                 injections: Injections):
         self.node_id = node_id
         self._read_state = read_state
         self._local = local
-        self._peers = peers
+        self._transport = transport
         self._injections = injections
 
     def write(self, mutations: list[tuple[Table, Row]], timestamp: int) -> None:
-        batches = self._read_state(lambda s: _route(s, mutations, timestamp))
+        """Apply every (table, row) on all replicas of the row's tablet, remote ones in parallel with the local one.
+
+        Raises Unavailable naming each replica that failed; the write may then be applied on some replicas.
+        """
+        batches = self._read_state(lambda s: route(s, mutations, timestamp))
         self._injections.hit("write.coordinator.before_send")
-        pending = [(node, self._peers.internode(node).ReplicaWrite.future(batch, timeout=REPLICA_WRITE_TIMEOUT))
+        pending = [(node, self._transport.start_replica_write(node, batch))
                    for node, batch in batches if node != self.node_id]
-        failures = []
-        for node, batch in batches:
-            if node == self.node_id:
-                failures.extend(self._apply_locally(batch))
-        for node, future in pending:
+        failures = [failure for node, batch in batches if node == self.node_id
+                    for failure in self._apply_locally(batch)]
+        for node, write in pending:
             try:
-                future.result()
-            except grpc.RpcError as error:
-                failures.append(f"{node}: {describe_error(error)}")
+                write.result()
+            except CoreError as error:
+                failures.append(f"{node}: {describe(error)}")
         if failures:
             tables = ", ".join(sorted({t.qualified_name for t, _ in mutations}))
             raise Unavailable(
@@ -51,25 +54,25 @@ class WriteCoordinator:
                 "it may be applied on some replicas, and retrying it is safe"
             )
 
-    def _apply_locally(self, batch: pb.MutationBatch) -> list[str]:
+    def _apply_locally(self, batch: RowBatch) -> list[str]:
         try:
             self._local.apply_base_write(batch)
             return []
         except CoreError as error:
-            return [f"{self.node_id}: {error.code}: {error.message}"]  # same shape as describe_error
+            return [f"{self.node_id}: {describe(error)}"]
 
 
-def _route(state, mutations: list[tuple[Table, Row]], timestamp: int) -> list[tuple[str, pb.MutationBatch]]:
-    """One MutationBatch per (replica node, table, shard), in the schema version the router saw."""
-    grouped: dict = defaultdict(list)
+def route(state, mutations: list[tuple[Table, Row]], timestamp: int) -> list[tuple[str, RowBatch]]:
+    """One RowBatch per (replica node, table, shard), stamped with the schema version the router saw."""
+    grouped: dict[tuple[str, str, int], list[Row]] = defaultdict(list)
     for table, row in mutations:
         tablet_map = state.tablets.get(table.id)
         if tablet_map is None:
             raise NotFound(f"{table.qualified_name} was dropped while this write was being prepared")
         for replica in tablet_map.replicas[tablet_of(row.token, tablet_map.tablet_count)]:
-            grouped[(replica.node, table.id, replica.shard)].append(row_to_proto(row))
+            grouped[(replica.node, table.id, replica.shard)].append(row)
     return [
-        (node, pb.MutationBatch(table_id=table_id, shard=shard, mutations=rows, timestamp=timestamp,
-                                schema_version=state.schema_version))
+        (node, RowBatch(table_id=table_id, shard=shard, rows=tuple(rows), timestamp=timestamp,
+                        schema_version=state.schema_version))
         for (node, table_id, shard), rows in grouped.items()
     ]

@@ -129,6 +129,7 @@ def test_vbc_addr_environment_variable_is_the_default_target(capsys, monkeypatch
     assert code == 1 and err.startswith("error: UNAVAILABLE: ")
 
 
+@pytest.mark.integration
 def test_python_dash_m_vbc_runs_the_command_line():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(cli.ADDR_ENV, None)
@@ -472,6 +473,7 @@ def all_exited(pids) -> bool:
     return not any(cluster_mod.pid_alive(pid) for pid in pids)
 
 
+@pytest.mark.integration
 def test_cluster_up_stop_start_and_down(tmp_path, fake_launcher, capsys):
     data_dir = tmp_path / "c"
     description = cluster_mod.start_cluster(data_dir, nodes=3, shards=2, launcher=fake_launcher(), timeout=30)
@@ -501,6 +503,7 @@ def test_cluster_up_stop_start_and_down(tmp_path, fake_launcher, capsys):
         cluster_mod.stop_pids(pids, kill=True)
 
 
+@pytest.mark.integration
 def test_cluster_restarts_from_its_recorded_description(tmp_path, fake_launcher):
     data_dir = tmp_path / "c"
     first = cluster_mod.start_cluster(data_dir, nodes=2, launcher=fake_launcher(), timeout=30)
@@ -520,6 +523,7 @@ def test_cluster_restarts_from_its_recorded_description(tmp_path, fake_launcher)
     assert all_exited(pids)
 
 
+@pytest.mark.integration
 def test_a_node_that_exits_fails_the_start_with_its_log(tmp_path, fake_launcher):
     with pytest.raises(cluster_mod.ClusterStartError) as caught:
         cluster_mod.start_cluster(tmp_path / "c", nodes=2, launcher=fake_launcher("exit"), timeout=30)
@@ -528,6 +532,7 @@ def test_a_node_that_exits_fails_the_start_with_its_log(tmp_path, fake_launcher)
     assert all(n["pid"] is None for n in cluster_mod.load_cluster(tmp_path / "c")["nodes"])
 
 
+@pytest.mark.integration
 def test_a_silent_node_times_out_and_everything_is_stopped(tmp_path, fake_launcher):
     spawned = []
 
@@ -542,6 +547,7 @@ def test_a_silent_node_times_out_and_everything_is_stopped(tmp_path, fake_launch
     assert len(spawned) == 2 and all_exited(spawned)
 
 
+@pytest.mark.integration
 def test_stop_escalates_to_sigkill(tmp_path, fake_launcher):
     data_dir = tmp_path / "c"
     description = cluster_mod.start_cluster(data_dir, nodes=1, launcher=fake_launcher("ignore-term"), timeout=30)
@@ -560,6 +566,7 @@ def test_stale_pids_in_cluster_json_are_not_signalled(tmp_path):
     assert cluster_mod.stop_cluster(tmp_path) == {"n1": "not running"}
 
 
+@pytest.mark.integration
 def test_harness_stops_every_process_it_started_even_on_failure(tmp_path, fake_launcher):
     with pytest.raises(RuntimeError, match="test failed"):
         with LocalCluster(2, tmp_path / "h", launcher=fake_launcher()) as local:

@@ -1,15 +1,22 @@
 """Unit and property tests of the pure group0 core: apply, placement, tokens, view functions."""
 from __future__ import annotations
 
+import json
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from coordinator.core.schema import BUILD_STARTED, Filter
-from coordinator.core.state import Group0State, derived_id
+from coordinator.core.ids import derived_id
+from coordinator.core.state import Group0State
 from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN, tablet_of, tablet_range, token_of
 from coordinator.core.views import view_changes, view_row
 
@@ -324,12 +331,14 @@ def _commands():
     return st.one_of(tail, tail.map(lambda commands: prefix + commands))
 
 
-REPLICATED_FIELDS = ("nodes", "keyspaces", "tables", "tablets", "tasks", "build_status", "tasks_created",
-                     "processing_base", "dropped_tables", "schema_version")
-
-
 def replicated_fields(state: Group0State) -> dict:
-    return pickle.loads(pickle.dumps({k: getattr(state, k) for k in REPLICATED_FIELDS}))
+    """Every public attribute of the state (the private ones are bookkeeping such as the dedup memory)."""
+    return pickle.loads(pickle.dumps({k: v for k, v in vars(state).items() if not k.startswith("_")}))
+
+
+def test_replicated_fields_are_derived_from_the_state_object():
+    assert {"nodes", "keyspaces", "tables", "tablets", "tasks", "build_status", "tasks_created", "processing_base",
+            "dropped_tables", "schema_version"} <= set(replicated_fields(Group0State()))
 
 
 @settings(max_examples=200, deadline=None)
@@ -357,6 +366,49 @@ def test_apply_is_deterministic_and_retries_change_nothing(commands, rnd):
     assert outcomes_first == outcomes_second
     assert replicated_fields(first) == replicated_fields(second)
     assert pickle.loads(pickle.dumps(first)).tables == first.tables
+
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE_JOURNAL = REPO / "tests" / "fixtures" / "group0_journal_v1.json"
+HASH_SEEDS = (0, 1, 2, 12345)  # 0 disables hash randomization; 0 and 12345 alone happen to order small sets alike
+DUMP_SCRIPT = textwrap.dedent("""
+    import dataclasses, json, sys
+    from coordinator.core.state import Group0State
+
+    def canonical(value):  # keeps dict insertion order (part of the state), sorts sets (hash-ordered by nature)
+        if dataclasses.is_dataclass(value):
+            return {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, dict):
+            return [[canonical(k), canonical(v)] for k, v in value.items()]
+        if isinstance(value, (set, frozenset)):
+            return sorted(canonical(v) for v in value)
+        if isinstance(value, (list, tuple)):
+            return [canonical(v) for v in value]
+        return value
+
+    state = Group0State()
+    outcomes = [canonical(state.apply(c)) for c in json.load(sys.stdin)]
+    print(json.dumps({"outcomes": outcomes, "state": canonical(vars(state))}, sort_keys=True))
+""")
+
+
+def dump_in_subprocess(commands: list[dict], hash_seed: int) -> str:
+    """Outcomes and every field of the state (dedup memory included) after `commands`, from a fresh interpreter."""
+    env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
+    done = subprocess.run([sys.executable, "-c", DUMP_SCRIPT], input=json.dumps(commands), capture_output=True,
+                          text=True, cwd=REPO, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.integration  # starts interpreters
+@settings(max_examples=3, deadline=None, phases=(Phase.generate,))  # shrinking would only rerun the subprocesses
+@given(st.lists(_commands(), min_size=3, max_size=3).map(lambda runs: [c for run in runs for c in run]))
+def test_apply_gives_the_same_state_under_different_hash_seeds(tail):
+    commands = json.loads(FIXTURE_JOURNAL.read_text())["commands"] + tail
+    dumps = [dump_in_subprocess(commands, seed) for seed in HASH_SEEDS]
+    assert json.loads(dumps[0])["state"], "the dump must not be empty"
+    assert dumps == [dumps[0]] * len(HASH_SEEDS)
 
 
 def test_a_view_cannot_reuse_an_existing_table_id():

@@ -6,16 +6,19 @@ import uuid
 
 import pytest
 
-from coordinator.core.state import Group0State
-from storage.store import NodeStore
-from vbc.cluster import free_port
-from replica.inflight import InflightWrites
 from common.injection import InjectedFailure, Injections
-from replica.rows import row_to_proto, storage_spec, upsert_row
+from common.internode import InternodeTransport
 from common.metrics import NodeMetrics
 from common.peers import Peers
-from replica.local import OUTBOX_BATCH, LocalData
-from vbcpb import vbc_pb2 as pb
+from common.replica_messages import RowBatch
+from coordinator.core.state import Group0State
+from replica.inflight import InflightWrites
+from replica.local import LocalData, SchemaAccess
+from replica.outbox import OUTBOX_BATCH
+from replica.outbox_payload import encode_payload
+from replica.rows import storage_spec, upsert_row
+from storage.store import NodeStore
+from vbc.cluster import free_port
 
 
 def test_a_write_registers_under_the_version_it_reads_so_a_newer_schema_waits_for_it():
@@ -72,6 +75,11 @@ class _StateReader:
         return fn(self.state)
 
 
+def _local_data(store: NodeStore, state: Group0State, peers: Peers) -> LocalData:
+    schema = SchemaAccess(_StateReader(state), lambda _version: None, InflightWrites())
+    return LocalData("alive", store, schema, InternodeTransport(peers), Injections(), NodeMetrics())
+
+
 def _state_with_view() -> tuple[Group0State, str, str]:
     state = Group0State()
     state.apply({"op": "register_node", "node_id": "alive", "grpc": "unused", "raft": "unused", "shards": 1})
@@ -91,15 +99,14 @@ def test_an_unreachable_view_replica_does_not_block_deliveries_to_others(tmp_pat
     store = NodeStore.for_data_dir(tmp_path)
     dead_address = f"127.0.0.1:{free_port()}"  # nothing listens: a real connection failure
     peers = Peers(lambda node: dead_address if node == "dead" else None)
-    local = LocalData("alive", store, _StateReader(state), lambda _v: None, peers, Injections(), InflightWrites(), NodeMetrics())
+    local = _local_data(store, state, peers)
     try:
         for table in (state.tables[table_id], view):
             store.ensure_table(storage_spec(table))
         dead_entries = OUTBOX_BATCH * 21 + 1  # more pages than one flush reads, all for the dead node, queued first
         update = upsert_row(view, {"v": 1, "k": 1}, ts=10)
-        payload = pb.MutationBatch(table_id=view_id, mutations=[], schema_version=state.schema_version)
-        payload.mutations.append(row_to_proto(update))
-        entries = [("dead", payload.SerializeToString())] * dead_entries + [("alive", payload.SerializeToString())]
+        payload = encode_payload(RowBatch(view_id, shard=0, rows=(update,), schema_version=state.schema_version))
+        entries = [("dead", payload)] * dead_entries + [("alive", payload)]
         base_row = upsert_row(state.tables[table_id], {"k": 1, "v": 1}, ts=10)
         store.apply(table_id, [base_row], derive=lambda old, new: entries)
         assert store.outbox_size() == dead_entries + 1
@@ -114,14 +121,12 @@ def test_an_unreachable_view_replica_does_not_block_deliveries_to_others(tmp_pat
 def test_storage_is_dropped_only_for_tables_the_schema_says_were_dropped(tmp_path):
     state, table_id, view_id = _state_with_view()
     store = NodeStore.for_data_dir(tmp_path)
-    local = LocalData("alive", store, _StateReader(state), lambda _v: None, Peers(lambda node: None), Injections(),
-                      InflightWrites(), NodeMetrics())
+    local = _local_data(store, state, Peers(lambda node: None))
     try:
         for table in (state.tables[table_id], state.tables[view_id]):
             local.ensure_table(table)
-        lagging = _StateReader(Group0State())  # a node replaying its journal: it does not know the tables yet
-        LocalData("alive", store, lagging, lambda _v: None, Peers(lambda node: None), Injections(),
-                  InflightWrites(), NodeMetrics()).drop_dropped_tables()
+        # a node replaying its journal does not know the tables yet
+        _local_data(store, Group0State(), Peers(lambda node: None)).drop_dropped_tables()
         assert store.table_ids() == {table_id, view_id}
         state.apply({"op": "drop_view", "keyspace": "ks", "name": "mv", "cmd_id": "drop"})
         local.drop_dropped_tables()

@@ -9,9 +9,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TypeVar
 
+import pysyncobj.pickle as raft_pickle
 import pytest
+from pysyncobj.journal import FileJournal
 
-from coordinator.raft import DUMP_FILE, Group0, Group0Unavailable, StateMachineError
+from coordinator.core import state as state_module
+from coordinator.core.commands import Command, CreateKeyspace, RegisterNode, encode
+from coordinator.core.state import Group0State
+from coordinator.raft import DUMP_FILE, JOURNAL_FILE, Group0, Group0Unavailable, StateMachineError
 from vbc.cluster import allocate_ports
 
 T = TypeVar("T")
@@ -63,7 +68,8 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
 class Cluster:
     """Three Group0 members in this process, restartable on the same ports and data dirs."""
 
-    def __init__(self, root: Path, size: int = 3):
+    def __init__(self, root: Path, size: int = 3, make_state: Callable[[], object] = KeyValue):
+        self.make_state = make_state
         self.ids = [f"n{i}" for i in range(1, size + 1)]
         self.addrs = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(self.ids, allocate_ports(size))}
         self.dirs = {node_id: root / node_id for node_id in self.ids}
@@ -78,7 +84,7 @@ class Cluster:
         reports = self.applied_reports[node_id] = []
         member = Group0(node_id=node_id, raft_addr=self.addrs[node_id],
                         peers={other: addr for other, addr in self.addrs.items() if other != node_id},
-                        data_dir=self.dirs[node_id], state_machine=KeyValue(), password=PASSWORD,
+                        data_dir=self.dirs[node_id], state_machine=self.make_state(), password=PASSWORD,
                         on_applied=reports.append)
         self.members[node_id] = member
         member.start()
@@ -115,14 +121,22 @@ class Cluster:
                 for node_id, member in self.members.items()}
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    group = Cluster(tmp_path)
+def running_cluster(group: Cluster):
     try:
         group.start()
         yield group
     finally:
         group.close_all()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    yield from running_cluster(Cluster(tmp_path))
+
+
+@pytest.fixture
+def group0_cluster(tmp_path):
+    yield from running_cluster(Cluster(tmp_path, make_state=Group0State))
 
 
 def test_one_leader_is_elected_and_known_by_node_id(cluster):
@@ -335,3 +349,67 @@ def test_start_fails_when_the_raft_port_is_taken(tmp_path):
                 member.start()
         finally:
             member.close()
+
+
+# ----------------------------------------------------------------- group0's own state machine
+
+
+def register(node_id: str) -> RegisterNode:
+    return RegisterNode(node_id=node_id, grpc=f"g-{node_id}", raft=f"r-{node_id}", shards=2, cmd_id=f"reg-{node_id}")
+
+
+def journal_entries(data_dir: Path) -> list[object]:
+    """The arguments of every replicated call in a closed member's pysyncobj journal."""
+    journal = FileJournal(str(data_dir / JOURNAL_FILE))
+    entries = []
+    for i in range(len(journal)):
+        raw = journal[i][0]
+        payload = raft_pickle.loads(raw[1:]) if len(raw) > 1 else None
+        if isinstance(payload, tuple) and len(payload) >= 2 and payload[1]:
+            entries.extend(payload[1])
+    journal._destroy()
+    return entries
+
+
+def replicated_state(member: Group0) -> dict:
+    return member.read(lambda state: {k: v for k, v in vars(state).items() if not k.startswith("_")})
+
+
+def test_typed_commands_are_logged_as_journal_dicts_and_replay_after_a_restart(group0_cluster):
+    leader = group0_cluster.wait_for_leader()
+    commands = [register(node_id) for node_id in group0_cluster.ids]
+    commands.append(CreateKeyspace(name="ks", rf=3, initial_tablets=2, cmd_id="ks-1"))
+    assert all(leader.propose(command).ok for command in commands)
+    refused = group0_cluster.follower().propose(CreateKeyspace(name="big", rf=9, initial_tablets=2, cmd_id="ks-2"))
+    assert refused.error_code == "INVALID_ARGUMENT" and "exceeds the number of nodes" in refused.error_message
+    for member in group0_cluster.running():
+        member.barrier()
+    before = {member.node_id: replicated_state(member) for member in group0_cluster.running()}
+    assert before["n1"]["keyspaces"].keys() == {"ks"} and len({repr(s) for s in before.values()}) == 1
+
+    group0_cluster.close_all()
+    logged = journal_entries(group0_cluster.dirs["n1"])
+    assert not any(isinstance(entry, Command) for entry in logged)
+    assert [e for e in logged if isinstance(e, dict)] == [encode(c) for c in commands] + [
+        encode(CreateKeyspace(name="big", rf=9, initial_tablets=2, cmd_id="ks-2"))]
+
+    group0_cluster.start()
+    group0_cluster.wait_for_leader()
+    for member in group0_cluster.running():
+        member.barrier()
+        assert replicated_state(member) == before[member.node_id]
+
+
+def test_a_handler_bug_fails_the_proposal_and_group0_keeps_applying(group0_cluster, monkeypatch):
+    def broken(state, command):
+        raise KeyError("a handler bug")
+
+    leader = group0_cluster.wait_for_leader()
+    assert leader.propose(register("n1")).ok
+    monkeypatch.setitem(state_module._HANDLERS, CreateKeyspace, broken)
+
+    with pytest.raises(StateMachineError, match="KeyError"):
+        leader.propose(CreateKeyspace(name="ks", rf=1, initial_tablets=1, cmd_id="ks-bug"))
+    assert group0_cluster.follower().propose(register("n2")).ok
+    assert {member.barrier() for member in group0_cluster.running()} == {3}
+    assert all(member.read(lambda state: sorted(state.nodes)) == ["n1", "n2"] for member in group0_cluster.running())

@@ -49,7 +49,7 @@ def postgres_database(postgres_server):
     drop_database(postgres_server, url.database)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def store_url(request, tmp_path):
     if request.param == "sqlite":
         return sa.URL.create("sqlite", database=str(tmp_path / "node.db"))

@@ -8,7 +8,7 @@ from typing import Callable, Iterable, TypeVar
 
 import grpc
 
-from common.codec import row_from_proto, row_to_proto
+from common.codec import values_from_proto, values_to_proto
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as pb_grpc
 
@@ -166,7 +166,7 @@ def error_text(error: grpc.RpcError) -> str:
 def execute_response(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT,
                      params: list[list] | None = None) -> pb.ExecuteResponse:
     """The raw ExecuteResponse of `statement` (with bind values `params`), run on the first reachable node."""
-    request = pb.ExecuteRequest(statement=statement, params=[row_to_proto(values) for values in params or []])
+    request = pb.ExecuteRequest(statement=statement, params=[values_to_proto(values) for values in params or []])
     return call_any(addr_or_addrs, lambda addr: client_stub(addr).Execute(request, timeout=timeout),
                     idempotent=is_read(statement))
 
@@ -178,7 +178,7 @@ def is_read(statement: str) -> bool:
 
 def result_from_response(response: pb.ExecuteResponse) -> tuple[list[str], list[list], str]:
     columns = [column.name for column in response.columns]
-    rows = [row_from_proto(row) for row in response.rows]
+    rows = [values_from_proto(row) for row in response.rows]
     return columns, rows, response.message
 
 

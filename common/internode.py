@@ -1,0 +1,79 @@
+"""The replica role's transport to other nodes: domain batches and scans over the Internode gRPC service.
+
+Every failure of a call (the peer refused it, the peer is unreachable, the call timed out) reaches the caller
+as a `CoreError`: the peer's own refusal keeps its code (NOT_FOUND, UNAVAILABLE, ...), any other gRPC status
+becomes `Unavailable` whose message names that status.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+
+from coordinator.core.errors import ERRORS_BY_CODE, CoreError, Unavailable
+
+from common.codec import batch_to_proto, scan_page_from_proto, scan_request_to_proto
+from common.peers import Peers, describe_error
+from common.replica_messages import RowBatch, ScanPage, ScanRequest
+
+REPLICA_WRITE_TIMEOUT = 10.0
+VIEW_UPDATE_TIMEOUT = 5.0
+SCAN_TIMEOUT = 600.0  # a whole streamed scan; pages are flow-controlled by the consumer
+
+
+def error_from_rpc(error: grpc.RpcError) -> CoreError:
+    """The typed core error for a failed gRPC call (see the module docstring)."""
+    error_type = ERRORS_BY_CODE.get(error.code().name)
+    if error_type is None:
+        return Unavailable(describe_error(error))
+    return error_type(error.details() or error.code().name)
+
+
+class PendingAck:
+    """A replica write in flight; `result()` waits for it: the rows applied, or the CoreError it failed with."""
+
+    def __init__(self, future=None, error: CoreError | None = None):
+        self._future = future
+        self._error = error
+
+    def result(self) -> int:
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._future.result().applied
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+
+class InternodeTransport:
+    """Sends replica writes, view updates and scans to a peer's Internode service (stubs from `Peers`)."""
+
+    def __init__(self, peers: Peers):
+        self._peers = peers
+
+    def start_replica_write(self, node: str, batch: RowBatch) -> PendingAck:
+        """Start sending a base write to `node` without waiting; wait with `.result()`."""
+        try:
+            stub = self._peers.internode(node)
+        except CoreError as error:
+            return PendingAck(error=error)
+        return PendingAck(stub.ReplicaWrite.future(batch_to_proto(batch), timeout=REPLICA_WRITE_TIMEOUT))
+
+    def view_update(self, node: str, batch: RowBatch) -> int:
+        """Apply view rows on `node`; the number of rows that changed there."""
+        try:
+            return self._peers.internode(node).ViewUpdate(batch_to_proto(batch), timeout=VIEW_UPDATE_TIMEOUT).applied
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+    def scan(self, node: str, request: ScanRequest) -> Iterator[ScanPage]:
+        """The pages of a scan on `node`, streamed; the call starts at the first `next()` and is cancelled on close."""
+        try:
+            call = self._peers.internode(node).Scan(scan_request_to_proto(request), timeout=SCAN_TIMEOUT)
+            try:
+                for page in call:
+                    yield scan_page_from_proto(page)
+            finally:
+                call.cancel()
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None

@@ -1,0 +1,58 @@
+"""What replicas send each other, as domain values: a batch of rows for one replica, a scan request, a page of rows.
+
+These live below the replica role (in `common`) so that both the replica role and the transport adapter that
+carries them between nodes (`common.internode`) can use them; they import only the storage row type.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage.cells import Row
+
+DEFAULT_PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class RowBatch:
+    """Rows of one table or view bound for one replica shard.
+
+    `schema_version` is the sender's schema version (the receiver catches up to it first); `timestamp` is the
+    coordinator's write timestamp of a base write, observed by the receiving node's clock (0 for view updates).
+    """
+
+    table_id: str
+    shard: int
+    rows: tuple[Row, ...]
+    schema_version: int
+    timestamp: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rows", tuple(self.rows))
+
+
+@dataclass(frozen=True)
+class ScanRequest:
+    """Live rows of one replica with first_token <= token <= last_token, in (token, primary key) order.
+
+    `partition_key` (the partition key values) restricts the scan to one partition; `limit` None reads all.
+    """
+
+    table_id: str
+    first_token: int
+    last_token: int
+    partition_key: tuple | None = None
+    limit: int | None = None
+    page_size: int = DEFAULT_PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class ScannedRow:
+    """One live row as a reader sees it: its token and every column value in schema order (None for null)."""
+
+    token: int
+    values: tuple
+
+
+@dataclass(frozen=True)
+class ScanPage:
+    rows: tuple[ScannedRow, ...]

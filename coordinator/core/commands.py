@@ -1,0 +1,337 @@
+"""Typed group0 commands and their journal form: plain JSON-able dicts naming the command and its format version.
+
+The Raft log and snapshots hold only `encode(command)` dicts, never pickled command classes, so moving or
+renaming a class cannot break the replay of an old log. Journal form, version 2 (written by `encode`):
+`{"op": <name>, "v": 2, <every field>, "cmd_id": <str or null>}`, with column specs as `[name, type]`
+pairs, WHERE terms as `[column, op, value]` triples (value null for IS NOT NULL, a list for IN) and
+tuples as lists. Version 1 is the untyped dict of the first releases: the same shape without "v",
+where fields that have a default (and "cmd_id") may be absent. Constructors do not check field types;
+`decode` does, so every command that reaches a handler through the log is well formed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+from .errors import InvalidArgument
+
+JOURNAL_VERSION = 2
+LEGACY_VERSION = 1
+
+Scalar = typing.Union[None, bool, int, float, str]
+Value = typing.Union[Scalar, tuple[Scalar, ...]]
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str
+    type: str
+
+
+@dataclass(frozen=True)
+class WhereTerm:
+    """One term of a view's WHERE clause as written: `value` is None for IS NOT NULL and a tuple for IN."""
+
+    column: str
+    op: str
+    value: Value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    """A group0 command; `cmd_id` (chosen by the proposer) makes a retried command apply once (None: no dedup)."""
+
+    op: ClassVar[str]
+    cmd_id: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegisterNode(Command):
+    op: ClassVar[str] = "register_node"
+    node_id: str
+    grpc: str
+    raft: str
+    shards: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateKeyspace(Command):
+    op: ClassVar[str] = "create_keyspace"
+    name: str
+    rf: int
+    initial_tablets: int
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlterKeyspace(Command):
+    """Change a keyspace's replication factor; `id_seed` seeds the ids of build tasks for new replicas."""
+
+    op: ClassVar[str] = "alter_keyspace"
+    name: str
+    rf: int
+    id_seed: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateTable(Command):
+    op: ClassVar[str] = "create_table"
+    id: str
+    keyspace: str
+    name: str
+    columns: tuple[ColumnSpec, ...]
+    partition_key: tuple[str, ...]
+    clustering_key: tuple[str, ...]
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateView(Command):
+    """A materialized view over `base`; `columns` None selects every base column."""
+
+    op: ClassVar[str] = "create_view"
+    id: str
+    keyspace: str
+    name: str
+    base: str
+    partition_key: tuple[str, ...]
+    clustering_key: tuple[str, ...]
+    columns: tuple[str, ...] | None = None
+    where: tuple[WhereTerm, ...] = ()
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateIndex(Command):
+    op: ClassVar[str] = "create_index"
+    id: str
+    keyspace: str
+    name: str
+    base: str
+    column: str
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class DropView(Command):
+    """Drop a materialized view, or an index when `is_index` (each refuses the other kind)."""
+
+    op: ClassVar[str] = "drop_view"
+    keyspace: str
+    name: str
+    if_exists: bool = False
+    is_index: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class DropTable(Command):
+    op: ClassVar[str] = "drop_table"
+    keyspace: str
+    name: str
+    if_exists: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class DropKeyspace(Command):
+    op: ClassVar[str] = "drop_keyspace"
+    name: str
+    if_exists: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Noop(Command):
+    op: ClassVar[str] = "noop"
+
+
+COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, CreateView,
+                                       CreateIndex, DropView, DropTable, DropKeyspace, Noop)
+COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}
+
+
+# ------------------------------------------------------------------ field codecs
+
+
+class _Mismatch(Exception):
+    """A journal value does not have the shape of its field."""
+
+
+class _Codec(NamedTuple):
+    expected: str
+    decode: Callable[[object], object]
+    encode: Callable[[object], object]
+
+
+def _is_int(raw: object) -> bool:
+    return isinstance(raw, int) and not isinstance(raw, bool)
+
+
+def _is_scalar(raw: object) -> bool:
+    return raw is None or isinstance(raw, (bool, int, float, str))
+
+
+def _require(condition: bool) -> None:
+    if not condition:
+        raise _Mismatch
+
+
+def _items(raw: object, size: int | None = None) -> tuple:
+    _require(isinstance(raw, (list, tuple)) and (size is None or len(raw) == size))
+    return tuple(raw)
+
+
+def _checked(predicate: Callable[[object], bool]) -> Callable[[object], object]:
+    def decode(raw: object) -> object:
+        _require(predicate(raw))
+        return raw
+
+    return decode
+
+
+def _names(raw: object) -> tuple[str, ...]:
+    names = _items(raw)
+    _require(all(isinstance(n, str) for n in names))
+    return names
+
+
+def _optional_names(raw: object) -> tuple[str, ...] | None:
+    return None if raw is None else _names(raw)
+
+
+def _column_specs(raw: object) -> tuple[ColumnSpec, ...]:
+    return tuple(ColumnSpec(*_names(_items(pair, 2))) for pair in _items(raw))
+
+
+def _where_value(raw: object) -> Value:
+    if isinstance(raw, (list, tuple)):
+        _require(all(_is_scalar(v) for v in raw))
+        return tuple(raw)
+    _require(_is_scalar(raw))
+    return raw
+
+
+def _where_terms(raw: object) -> tuple[WhereTerm, ...]:
+    terms = []
+    for item in _items(raw):
+        column, op, value = _items(item, 3)
+        _require(isinstance(column, str) and isinstance(op, str))
+        terms.append(WhereTerm(column, op, _where_value(value)))
+    return tuple(terms)
+
+
+def _optional_list(value: tuple | None) -> list | None:
+    return None if value is None else list(value)
+
+
+def _where_plain(term: WhereTerm) -> list:
+    value = list(term.value) if isinstance(term.value, tuple) else term.value
+    return [term.column, term.op, value]
+
+
+def _identity(value: object) -> object:
+    return value
+
+
+_CODECS: dict[object, _Codec] = {
+    str: _Codec("a string", _checked(lambda r: isinstance(r, str)), _identity),
+    int: _Codec("an integer", _checked(_is_int), _identity),
+    bool: _Codec("a boolean", _checked(lambda r: isinstance(r, bool)), _identity),
+    str | None: _Codec("a string or null", _checked(lambda r: r is None or isinstance(r, str)), _identity),
+    tuple[str, ...]: _Codec("a list of strings", _names, list),
+    tuple[str, ...] | None: _Codec("a list of strings or null", _optional_names, _optional_list),
+    tuple[ColumnSpec, ...]: _Codec("a list of [name, type] string pairs", _column_specs,
+                                   lambda specs: [[c.name, c.type] for c in specs]),
+    tuple[WhereTerm, ...]: _Codec("a list of [column, op, value] triples (value null, a scalar or a list of scalars)",
+                                  _where_terms, lambda terms: [_where_plain(t) for t in terms]),
+}
+
+
+class _Field(NamedTuple):
+    name: str
+    codec: _Codec
+    legacy_default: object  # what a version 1 entry without this field means; _REQUIRED if it must be there
+
+
+_REQUIRED = object()
+_ENVELOPE = ("op", "v")
+
+
+def _legacy_default(field: dataclasses.Field) -> object:
+    if field.name == "cmd_id":
+        return None
+    return _REQUIRED if field.default is dataclasses.MISSING else field.default
+
+
+def _fields_of(cls: type[Command]) -> tuple[_Field, ...]:
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for field in dataclasses.fields(cls):
+        codec = _CODECS.get(hints[field.name])
+        if codec is None:
+            raise TypeError(f"{cls.__name__}.{field.name}: no journal codec for {hints[field.name]!r}")
+        fields.append(_Field(field.name, codec, _legacy_default(field)))
+    return tuple(fields)
+
+
+_FIELDS: dict[type[Command], tuple[_Field, ...]] = {cls: _fields_of(cls) for cls in COMMANDS}
+
+
+# ------------------------------------------------------------------ encode / decode
+
+
+def encode(command: Command) -> dict:
+    """The journal form of `command`: a dict of plain JSON-able values."""
+    body = {field.name: field.codec.encode(getattr(command, field.name)) for field in _FIELDS[type(command)]}
+    return {"op": command.op, "v": JOURNAL_VERSION, **body}
+
+
+def decode(entry: object) -> Command:
+    """The typed command of a journal entry (version 1 or 2); InvalidArgument naming op and field if malformed."""
+    if not isinstance(entry, dict):
+        raise InvalidArgument(f"malformed command: expected a dict, got {type(entry).__name__}")
+    if "op" not in entry:
+        raise InvalidArgument("malformed command: missing field 'op'")
+    op = entry["op"]
+    cls = COMMANDS_BY_OP.get(op) if isinstance(op, str) else None
+    if cls is None:
+        raise InvalidArgument(f"unknown command {op!r}")
+    version = _version_of(op, entry)
+    fields = _FIELDS[cls]
+    unexpected = sorted(set(entry) - set(_ENVELOPE) - {f.name for f in fields})
+    if unexpected:
+        raise InvalidArgument(f"malformed {op} command: unexpected field {unexpected[0]!r}")
+    return cls(**{field.name: _decode_field(op, field, entry, version) for field in fields})
+
+
+def cmd_id_of(entry: Command | dict) -> str | None:
+    """The dedup id of a typed command or journal entry, read without decoding it (None if absent or unusable)."""
+    cmd_id = entry.cmd_id if isinstance(entry, Command) else entry.get("cmd_id") if isinstance(entry, dict) else None
+    return cmd_id if isinstance(cmd_id, str) else None
+
+
+def _version_of(op: str, entry: dict) -> int:
+    version = entry.get("v", LEGACY_VERSION)
+    if not _is_int(version) or version not in (LEGACY_VERSION, JOURNAL_VERSION):
+        raise InvalidArgument(f"malformed {op} command: unsupported version {version!r} "
+                              f"(this node reads versions {LEGACY_VERSION} to {JOURNAL_VERSION})")
+    return version
+
+
+def _decode_field(op: str, field: _Field, entry: dict, version: int) -> object:
+    if field.name not in entry:
+        if version == LEGACY_VERSION and field.legacy_default is not _REQUIRED:
+            return field.legacy_default
+        raise InvalidArgument(f"malformed {op} command: missing field {field.name!r}")
+    raw = entry[field.name]
+    try:
+        return field.codec.decode(raw)
+    except _Mismatch:
+        raise InvalidArgument(f"malformed {op} command: field {field.name!r} must be {field.codec.expected}, "
+                              f"got {_brief(raw)}") from None
+
+
+def _brief(raw: object) -> str:
+    text = repr(raw)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,86 @@
+"""Nodes and tablet maps: registering nodes, placing a new table's tablets, resizing replica sets on an RF change.
+
+Owns the `nodes` and `tablets` fields of Group0State.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from .commands import RegisterNode
+from .errors import FailedPrecondition, InvalidArgument
+from .ids import check_name
+from .placement import choose_replicas, place_tablet_map, replica_loads
+from .schema import Keyspace, Node, Replica, TabletMap
+from .tokens import is_power_of_two
+
+if TYPE_CHECKING:
+    from .state import Group0State
+
+MAX_TABLETS = 4096
+MAX_SHARDS = 256
+
+AddedReplicas = dict[int, list[Replica]]
+
+
+def register_node(state: Group0State, cmd: RegisterNode) -> None:
+    if not 1 <= cmd.shards <= MAX_SHARDS:
+        raise InvalidArgument(f"shard count must be between 1 and {MAX_SHARDS}, got {cmd.shards!r}")
+    node = Node(check_name("node", cmd.node_id), cmd.grpc, cmd.raft, cmd.shards)
+    used = [r.shard for m in state.tablets.values() for rs in m.replicas for r in rs if r.node == node.id]
+    if used and max(used) >= node.shards:
+        raise FailedPrecondition(
+            f"node {node.id} holds tablet replicas on shard {max(used)}; it cannot restart with {node.shards} shard(s)"
+        )
+    state.nodes[node.id] = node
+
+
+def check_rf(state: Group0State, rf: int) -> int:
+    if rf < 1:
+        raise InvalidArgument(f"replication factor must be a positive integer, got {rf!r}")
+    if rf > len(state.nodes):
+        raise InvalidArgument(
+            f"replication factor {rf} exceeds the number of nodes in the cluster ({len(state.nodes)}); "
+            f"add nodes or use rf <= {len(state.nodes)}"
+        )
+    return rf
+
+
+def check_tablet_count(count: int) -> int:
+    if not is_power_of_two(count) or count > MAX_TABLETS:
+        raise InvalidArgument(f"initial tablet count must be a power of two between 1 and {MAX_TABLETS}, got {count!r}")
+    return count
+
+
+def place_table(state: Group0State, table_id: str, keyspace: Keyspace) -> None:
+    """Give a new table (or view) its tablet map, balanced against every existing replica."""
+    state.tablets[table_id] = place_tablet_map(table_id, keyspace.initial_tablets, keyspace.rf, state.nodes,
+                                               state.tablets.values())
+
+
+def resize_keyspace(state: Group0State, keyspace: str, rf: int) -> dict[str, AddedReplicas]:
+    """Grow or shrink the replica list of every tablet in `keyspace` to `rf`; the replicas added, by table id."""
+    per_node, per_shard = replica_loads(state.tablets.values())
+    added_by_table = {}
+    for table in state.tables_in(keyspace):
+        state.tablets[table.id], added_by_table[table.id] = _resized(state, state.tablets[table.id], rf,
+                                                                     per_node, per_shard)
+    return added_by_table
+
+
+def _resized(state: Group0State, tablet_map: TabletMap, rf: int, per_node: Counter,
+             per_shard: Counter) -> tuple[TabletMap, AddedReplicas]:
+    new_replicas, added = [], {}
+    for tablet_id, replicas in enumerate(tablet_map.replicas):
+        if rf <= len(replicas):
+            new_replicas.append(replicas[:rf])
+            continue
+        fresh = choose_replicas(state.nodes, rf - len(replicas), frozenset(r.node for r in replicas),
+                                per_node, per_shard)
+        new_replicas.append(replicas + tuple(fresh))
+        added[tablet_id] = fresh
+    return TabletMap(tablet_map.table_id, tuple(new_replicas)), added
+
+
+def forget_table(state: Group0State, table_id: str) -> None:
+    state.tablets.pop(table_id, None)

@@ -1,0 +1,87 @@
+"""The stored form of one outbox entry: a view-update RowBatch as versioned JSON (see docs/outbox.md).
+
+Version 2 (written now) is a UTF-8 JSON object; version 1 (written before) is a serialized protobuf
+`vbc.v1.MutationBatch`. A payload that does not start with `{` is version 1 and is read by the decoder the
+node passes in (`read_version_1`), so this package stays free of protobuf.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from collections.abc import Callable
+
+from common.replica_messages import RowBatch
+from storage.cells import Cell, Row
+
+FORMAT_VERSION = 2
+_DOUBLE = "double"
+_BLOB = "blob"
+
+
+class UnreadablePayload(ValueError):
+    """An outbox payload in a format or version this node cannot read."""
+
+
+def encode_payload(batch: RowBatch) -> bytes:
+    document = {
+        "version": FORMAT_VERSION,
+        "table_id": batch.table_id,
+        "shard": batch.shard,
+        "schema_version": batch.schema_version,
+        "timestamp": batch.timestamp,
+        "rows": [_encode_row(row) for row in batch.rows],
+    }
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
+def decode_payload(payload: bytes, read_version_1: Callable[[bytes], RowBatch] | None = None) -> RowBatch:
+    """The RowBatch stored in `payload`, whatever version wrote it (raises UnreadablePayload otherwise)."""
+    if payload.lstrip()[:1] != b"{":
+        if read_version_1 is None:
+            raise UnreadablePayload("outbox payload of format version 1 (protobuf) and no version 1 reader given")
+        return read_version_1(payload)
+    document = json.loads(payload)
+    version = document.get("version")
+    if version != FORMAT_VERSION:
+        raise UnreadablePayload(f"outbox payload of format version {version!r}; this node reads 1 and 2")
+    return RowBatch(table_id=document["table_id"], shard=document["shard"],
+                    rows=tuple(_decode_row(row) for row in document["rows"]),
+                    schema_version=document["schema_version"], timestamp=document.get("timestamp", 0))
+
+
+def _encode_row(row: Row) -> dict:
+    return {
+        "token": row.token,
+        "key": [encode_value(v) for v in row.key],
+        "marker_ts": row.marker_ts,
+        "tomb_ts": row.tomb_ts,
+        "cells": {name: [encode_value(cell.value), cell.ts] for name, cell in row.cells.items()},
+    }
+
+
+def _decode_row(document: dict) -> Row:
+    cells = {name: Cell(decode_value(value), ts) for name, (value, ts) in document["cells"].items()}
+    return Row(token=document["token"], key=tuple(decode_value(v) for v in document["key"]),
+               marker_ts=document["marker_ts"], tomb_ts=document["tomb_ts"], cells=cells)
+
+
+def encode_value(value: object) -> object:
+    """A cell or key value as JSON: null, booleans, integers and text as themselves, doubles and blobs tagged."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return {_DOUBLE: struct.pack(">d", value).hex()}
+    if isinstance(value, bytes):
+        return {_BLOB: base64.b64encode(value).decode("ascii")}
+    raise TypeError(f"cannot store {value!r} ({type(value).__name__}) in an outbox payload")
+
+
+def decode_value(encoded: object) -> object:
+    if not isinstance(encoded, dict):
+        return encoded
+    if _DOUBLE in encoded:
+        return struct.unpack(">d", bytes.fromhex(encoded[_DOUBLE]))[0]
+    if _BLOB in encoded:
+        return base64.b64decode(encoded[_BLOB])
+    raise UnreadablePayload(f"unknown tagged value {encoded!r} in an outbox payload")

@@ -1,0 +1,74 @@
+"""This node's stored tables: created on first use, dropped after the schema drops them, merged into and scanned."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+from common.replica_messages import ScanPage, ScannedRow, ScanRequest
+from coordinator.core.errors import NotFound
+from coordinator.core.schema import Table
+from storage.cells import Row
+from storage.store import ApplyResult, Derive, NodeStore
+
+from replica.rows import storage_spec, visible_row
+
+
+class LocalTables:
+    """The store's tables as schema tables; `read_state(fn)` applies `fn` to the group0 state this node applied."""
+
+    def __init__(self, store: NodeStore, read_state: Callable):
+        self.store = store
+        self._read_state = read_state
+        self._ensured: set[str] = set()
+        self._ensure_lock = threading.Lock()
+
+    def ensure(self, table: Table) -> None:
+        if table.id in self._ensured:
+            return
+        with self._ensure_lock:
+            self.store.ensure_table(storage_spec(table))
+            self._ensured.add(table.id)
+
+    def drop_dropped(self) -> None:
+        """Drop the storage of tables the schema says were dropped (also those dropped while this node was down).
+
+        Only ids recorded as dropped qualify: a stored table the local schema does not know (yet) may
+        belong to commands still being replayed from the Raft journal, and must be kept.
+        """
+        with self._ensure_lock:
+            dropped = self._read_state(lambda s: set(s.dropped_tables))
+            for table_id in self.store.table_ids() & dropped:
+                self.store.drop_table(table_id)
+                self._ensured.discard(table_id)
+
+    def apply(self, table: Table, rows: list[Row], derive: Derive | None = None) -> ApplyResult:
+        """Merge rows into `table` (see NodeStore.apply); NotFound when the table was dropped meanwhile."""
+        try:
+            return self.store.apply(table.id, rows, derive)
+        except KeyError:
+            if self.store.has_table(table.id):
+                raise
+            raise NotFound(f"{table.qualified_name} was dropped while this write was running") from None
+
+    def scan(self, table: Table, request: ScanRequest) -> Iterator[ScanPage]:
+        """The live rows the request asks for, in pages of at most `request.page_size` rows."""
+        self.ensure(table)
+        remaining = request.limit
+        after = None
+        while remaining is None or remaining > 0:
+            want = request.page_size if remaining is None else min(request.page_size, remaining)
+            rows = self.store.scan(table.id, request.first_token, request.last_token,
+                                   partition_key=request.partition_key, after=after, limit=want)
+            if not rows:
+                return
+            yield ScanPage(tuple(_scanned_row(table, row) for row in rows))
+            if len(rows) < want:
+                return
+            after = (rows[-1].token, rows[-1].key)
+            if remaining is not None:
+                remaining -= len(rows)
+
+
+def _scanned_row(table: Table, row: Row) -> ScannedRow:
+    values = visible_row(table, row) or {}
+    return ScannedRow(row.token, tuple(values.get(c.name) for c in table.columns))

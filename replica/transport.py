@@ -1,0 +1,36 @@
+"""What the replica role needs to reach the replica role of other nodes (implemented by `common.internode`).
+
+Failures of a remote call arrive as `coordinator.core.errors.CoreError` (a transport failure is `Unavailable`),
+so the replica code handles one error type whether the replica is local or remote; tests pass in-process fakes.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from coordinator.core.errors import CoreError
+
+from common.replica_messages import RowBatch, ScanPage, ScanRequest
+
+
+class PendingWrite(Protocol):
+    def result(self) -> int:
+        """Wait for the write: the number of rows that changed, or raise the CoreError it failed with."""
+
+
+class ReplicaTransport(Protocol):
+    def start_replica_write(self, node: str, batch: RowBatch) -> PendingWrite:
+        """Start applying a base write on `node`'s replica without waiting for it."""
+
+    def view_update(self, node: str, batch: RowBatch) -> int:
+        """Apply view rows on `node`'s view replica; the number of rows that changed."""
+
+    def scan(self, node: str, request: ScanRequest) -> Iterator[ScanPage]:
+        """Stream the pages of a scan of `node`'s replica; an error may surface at any `next()`."""
+
+
+def describe(error: Exception) -> str:
+    """`CODE: message` for a CoreError (the shape gRPC errors are reported in), the text of any other error."""
+    if isinstance(error, CoreError):
+        return f"{error.code}: {error.message}"
+    return str(error)

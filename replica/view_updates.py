@@ -1,0 +1,69 @@
+"""The view updates of one base write: which view rows change, and which view replica each update goes to.
+
+Pairing: the base replica at position i of its tablet's replica list sends to the view replica at position i
+of the view tablet owning the view row, so every base replica feeds exactly one replica of each view row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.replica_messages import RowBatch
+from coordinator.core.errors import Unavailable
+from coordinator.core.schema import Replica, Table
+from coordinator.core.state import Group0State
+from coordinator.core.tokens import tablet_of
+from coordinator.core.views import ViewChange, view_changes
+from storage.cells import Row
+
+from replica.rows import delete_row, upsert_row, visible_row
+
+
+@dataclass(frozen=True)
+class WriteContext:
+    """What one base write needs from the schema, read atomically with the schema version."""
+
+    schema_version: int
+    table: Table
+    views: tuple[Table, ...]
+    base_replicas: tuple[tuple[Replica, ...], ...]
+    view_replicas: dict[str, tuple[tuple[Replica, ...], ...]]
+
+
+def write_context(state: Group0State, table_id: str) -> WriteContext | None:
+    """The write context of table `table_id` in `state`, or None when the table does not exist (dropped)."""
+    table = state.tables.get(table_id)
+    if table is None:
+        return None
+    views = tuple(state.views_of(table_id))
+    return WriteContext(state.schema_version, table, views, state.tablets[table_id].replicas,
+                        {v.id: state.tablets[v.id].replicas for v in views})
+
+
+def pair_index(context: WriteContext, node_id: str, token: int) -> int:
+    """The position of `node_id` among the replicas of the base tablet owning `token`."""
+    replicas = context.base_replicas[tablet_of(token, len(context.base_replicas))]
+    for index, replica in enumerate(replicas):
+        if replica.node == node_id:
+            return index
+    raise Unavailable(f"node {node_id} is not a replica of the tablet owning token {token} of "
+                      f"{context.table.qualified_name}; the writer's tablet map is stale, retry")
+
+
+def view_updates(context: WriteContext, node_id: str, old: Row | None, new: Row) -> list[tuple[str, RowBatch]]:
+    """(target node, one-row batch) for every view row that changes when base row `old` becomes `new`.
+
+    The view rows are written at `new.view_ts`, the replica-local version of this change of the base row.
+    """
+    old_values, new_values = visible_row(context.table, old), visible_row(context.table, new)
+    pair = pair_index(context, node_id, new.token)
+    return [_view_update(context, view, change, new.view_ts, pair)
+            for view in context.views
+            for change in view_changes(view, old_values, new_values)]
+
+
+def _view_update(context: WriteContext, view: Table, change: ViewChange, ts: int, pair: int) -> tuple[str, RowBatch]:
+    row = delete_row(view, change.key, ts) if change.is_delete else upsert_row(view, change.values, ts)
+    view_map = context.view_replicas[view.id]
+    target = view_map[tablet_of(row.token, len(view_map))][pair]
+    return target.node, RowBatch(table_id=view.id, shard=target.shard, rows=(row,),
+                                 schema_version=context.schema_version)

@@ -1,0 +1,240 @@
+"""Typed group0 commands: journal encode/decode round trips, version 1 entries, malformed entries, handler bugs."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import typing
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.core import state as state_module
+from coordinator.core.commands import (
+    COMMANDS,
+    JOURNAL_VERSION,
+    ColumnSpec,
+    Command,
+    CreateKeyspace,
+    CreateTable,
+    CreateView,
+    DropView,
+    Noop,
+    WhereTerm,
+    cmd_id_of,
+    decode,
+    encode,
+)
+from coordinator.core.errors import InvalidArgument
+from coordinator.core.state import Group0State
+
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8))
+NAMES = st.lists(st.text(max_size=8), max_size=4).map(tuple)
+FIELD_STRATEGIES = {
+    str: st.text(max_size=12),
+    int: st.integers(),
+    bool: st.booleans(),
+    str | None: st.one_of(st.none(), st.text(max_size=12)),
+    tuple[str, ...]: NAMES,
+    tuple[str, ...] | None: st.one_of(st.none(), NAMES),
+    tuple[ColumnSpec, ...]: st.lists(st.builds(ColumnSpec, st.text(max_size=8), st.text(max_size=8)),
+                                     max_size=4).map(tuple),
+    tuple[WhereTerm, ...]: st.lists(st.builds(WhereTerm, st.text(max_size=8), st.text(max_size=8),
+                                              st.one_of(SCALARS, st.lists(SCALARS, max_size=3).map(tuple))),
+                                    max_size=4).map(tuple),
+}
+
+
+def commands_of(cls: type[Command]) -> st.SearchStrategy[Command]:
+    hints = typing.get_type_hints(cls)
+    return st.builds(cls, **{f.name: FIELD_STRATEGIES[hints[f.name]] for f in dataclasses.fields(cls)})
+
+
+ANY_COMMAND = st.one_of([commands_of(cls) for cls in COMMANDS])
+
+
+def create_table_entry(**changes) -> dict:
+    entry = {"op": "create_table", "id": "1" * 32, "keyspace": "ks", "name": "t", "columns": [["k", "int"]],
+             "partition_key": ["k"], "clustering_key": [], "if_not_exists": False, "cmd_id": "c1"}
+    return {**entry, **changes}
+
+
+def refusal(entry: object) -> str:
+    with pytest.raises(InvalidArgument) as caught:
+        decode(entry)
+    outcome = Group0State().apply(entry)
+    assert (outcome.error_code, outcome.error_message) == ("INVALID_ARGUMENT", caught.value.message)
+    return caught.value.message
+
+
+# ----------------------------------------------------------------- round trips
+
+
+@settings(max_examples=300, deadline=None)
+@given(ANY_COMMAND)
+def test_every_command_survives_encode_json_and_decode(command):
+    entry = encode(command)
+    assert entry["op"] == command.op and entry["v"] == JOURNAL_VERSION and entry["cmd_id"] == command.cmd_id
+    assert json.loads(json.dumps(entry)) == entry, "the journal form must hold plain JSON values only"
+    assert decode(json.loads(json.dumps(entry))) == command
+    assert encode(decode(entry)) == entry
+
+
+def test_every_command_class_has_a_distinct_op_and_is_immutable():
+    assert len({cls.op for cls in COMMANDS}) == len(COMMANDS)
+    command = Noop(cmd_id="x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        command.cmd_id = "y"
+
+
+def test_the_journal_form_of_a_view_uses_pairs_triples_and_lists():
+    view = CreateView(id="2" * 32, keyspace="ks", name="mv", base="t", partition_key=("c",), clustering_key=("k",),
+                      columns=("c", "k"), where=(WhereTerm("c", "IS NOT NULL", None), WhereTerm("k", "IN", (1, 2))),
+                      cmd_id="c2")
+    assert encode(view) == {"op": "create_view", "v": JOURNAL_VERSION, "cmd_id": "c2", "id": "2" * 32,
+                            "keyspace": "ks", "name": "mv", "base": "t", "partition_key": ["c"],
+                            "clustering_key": ["k"], "columns": ["c", "k"],
+                            "where": [["c", "IS NOT NULL", None], ["k", "IN", [1, 2]]], "if_not_exists": False}
+
+
+# ----------------------------------------------------------------- version 1
+
+
+def test_a_version_1_entry_may_leave_out_defaulted_fields_and_the_cmd_id():
+    assert decode({"op": "drop_view", "keyspace": "ks", "name": "mv"}) == DropView(keyspace="ks", name="mv",
+                                                                                 cmd_id=None)
+    assert decode({"op": "create_keyspace", "name": "ks", "rf": 1, "initial_tablets": 2, "cmd_id": "a"}) == \
+        CreateKeyspace(name="ks", rf=1, initial_tablets=2, if_not_exists=False, cmd_id="a")
+
+
+def test_a_version_1_entry_holding_tuples_as_a_pickled_journal_does_decodes():
+    entry = create_table_entry(columns=(("k", "int"), ("v", "text")), partition_key=("k",), clustering_key=())
+    assert decode(entry).columns == (ColumnSpec("k", "int"), ColumnSpec("v", "text"))
+
+
+def test_a_version_2_entry_must_hold_every_field():
+    entry = {**create_table_entry(), "v": JOURNAL_VERSION}
+    del entry["if_not_exists"]
+    assert refusal(entry) == "malformed create_table command: missing field 'if_not_exists'"
+    assert "missing field 'cmd_id'" in refusal({"op": "noop", "v": JOURNAL_VERSION})
+
+
+# ----------------------------------------------------------------- malformed entries
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"op": "no_such_op", "cmd_id": "x"}, "unknown command 'no_such_op'"),
+    ({"cmd_id": "x"}, "malformed command: missing field 'op'"),
+    ({"op": ["create_table"]}, "unknown command ['create_table']"),
+    (["create_table"], "malformed command: expected a dict, got list"),
+    ({k: v for k, v in create_table_entry().items() if k != "columns"},
+     "malformed create_table command: missing field 'columns'"),
+    (create_table_entry(colour="red"), "malformed create_table command: unexpected field 'colour'"),
+    (create_table_entry(columns=[["k", "int", "extra"]]),
+     "malformed create_table command: field 'columns' must be a list of [name, type] string pairs, "
+     "got [['k', 'int', 'extra']]"),
+    (create_table_entry(partition_key="k"),
+     "malformed create_table command: field 'partition_key' must be a list of strings, got 'k'"),
+    (create_table_entry(name=7), "malformed create_table command: field 'name' must be a string, got 7"),
+    (create_table_entry(if_not_exists=1), "malformed create_table command: field 'if_not_exists' must be a boolean"),
+    (create_table_entry(cmd_id=5), "malformed create_table command: field 'cmd_id' must be a string or null, got 5"),
+    ({"op": "create_keyspace", "name": "ks", "rf": True, "initial_tablets": 1},
+     "malformed create_keyspace command: field 'rf' must be an integer, got True"),
+    ({"op": "create_view", "id": "2" * 32, "keyspace": "ks", "name": "v", "base": "t", "partition_key": ["k"],
+      "clustering_key": [], "where": [["k", "IN", [[1]]]]},
+     "malformed create_view command: field 'where' must be a list of [column, op, value] triples"),
+    ({**create_table_entry(), "v": 3}, "malformed create_table command: unsupported version 3"),
+    ({**create_table_entry(), "v": True}, "malformed create_table command: unsupported version True"),
+])
+def test_malformed_entries_are_refused_naming_the_op_and_the_field(entry, message):
+    assert refusal(entry).startswith(message)
+
+
+def test_a_malformed_entry_is_remembered_by_its_cmd_id():
+    state = Group0State()
+    entry = create_table_entry(columns="k int")
+    first = state.apply(entry)
+    assert not first.ok and state.apply(entry) is first
+    assert cmd_id_of(entry) == "c1" and cmd_id_of({"cmd_id": 3}) is None and cmd_id_of([]) is None
+
+
+def test_an_in_term_without_a_list_is_refused_by_the_handler():
+    state = Group0State()
+    for entry in ({"op": "register_node", "node_id": "n1", "grpc": "g", "raft": "r", "shards": 1},
+                  {"op": "create_keyspace", "name": "ks", "rf": 1, "initial_tablets": 1},
+                  create_table_entry(columns=[["k", "int"], ["c", "int"]], clustering_key=["c"])):
+        assert state.apply(entry).ok
+    outcome = state.apply({"op": "create_view", "id": "2" * 32, "keyspace": "ks", "name": "v", "base": "t",
+                           "partition_key": ["c"], "clustering_key": ["k"],
+                           "where": [["c", "IS NOT NULL", None], ["k", "IS NOT NULL", None], ["k", "IN", 1]]})
+    assert outcome.error_code == "INVALID_ARGUMENT" and "needs a list of values" in outcome.error_message
+
+
+# ----------------------------------------------------------------- handler bugs
+
+
+@pytest.mark.parametrize("bug", [KeyError("columns"), TypeError("unhashable"), ValueError("bad")])
+def test_a_handler_bug_is_raised_not_reported_as_invalid_argument(monkeypatch, bug):
+    def broken(state, command):
+        raise bug
+
+    monkeypatch.setitem(state_module._HANDLERS, CreateTable, broken)
+    state = Group0State()
+    with pytest.raises(type(bug)):
+        state.apply(create_table_entry())
+    with pytest.raises(type(bug)):
+        state.apply(decode(create_table_entry()))
+    assert not state._recent, "a command that hit a bug must not be remembered as applied"
+
+
+def test_typed_commands_and_their_journal_form_apply_alike():
+    typed, journal = Group0State(), Group0State()
+    commands = [decode({"op": "register_node", "node_id": "n1", "grpc": "g", "raft": "r", "shards": 2,
+                        "cmd_id": "r1"}),
+                CreateKeyspace(name="ks", rf=1, initial_tablets=2, cmd_id="k1"),
+                decode(create_table_entry()),
+                CreateKeyspace(name="ks", rf=1, initial_tablets=2, cmd_id="k2")]
+    assert [typed.apply(c) for c in commands] == [journal.apply(encode(c)) for c in commands]
+    assert vars(typed) == vars(journal)
+
+
+# ----------------------------------------------------------------- well-formed commands never hit a bug
+
+FIXTURE = Path(__file__).parent / "fixtures" / "group0_journal_v1.json"
+WORDS = st.one_of(
+    st.sampled_from(["ks", "tab", "other", "mv", "mv2", "n_idx", "key", "c", "v", "d", "b", "t", "big", "id", "n",
+                     "n1", "int", "text", "double", "timestamp", "=", "<", ">=", "!=", "IN", "IS NOT NULL"]),
+    st.uuids().map(lambda u: u.hex), st.text(max_size=6))
+KEYS = st.lists(WORDS, max_size=3).map(tuple)
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False), WORDS)
+SCHEMA_STRATEGIES = {
+    **FIELD_STRATEGIES,
+    str: WORDS,
+    int: st.integers(-1, 5),
+    tuple[str, ...]: KEYS,
+    tuple[str, ...] | None: st.one_of(st.none(), KEYS),
+    tuple[ColumnSpec, ...]: st.lists(st.builds(ColumnSpec, WORDS, WORDS), max_size=4).map(tuple),
+    tuple[WhereTerm, ...]: st.lists(st.builds(WhereTerm, WORDS, WORDS,
+                                              st.one_of(VALUES, st.lists(VALUES, max_size=3).map(tuple))),
+                                    max_size=4).map(tuple),
+}
+
+
+def schema_commands_of(cls: type[Command]) -> st.SearchStrategy[Command]:
+    hints = typing.get_type_hints(cls)
+    return st.builds(cls, **{f.name: SCHEMA_STRATEGIES[hints[f.name]] for f in dataclasses.fields(cls)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of([schema_commands_of(cls) for cls in COMMANDS]), max_size=6))
+def test_well_formed_commands_get_an_outcome_and_refusals_change_nothing(commands):
+    state = Group0State()
+    for entry in json.loads(FIXTURE.read_text())["commands"]:
+        state.apply(entry)
+    for command in commands:
+        before = pickle.dumps({k: v for k, v in vars(state).items() if not k.startswith("_")})
+        outcome = state.apply(json.loads(json.dumps(encode(command))))
+        if not outcome.ok:
+            assert pickle.dumps({k: v for k, v in vars(state).items() if not k.startswith("_")}) == before
