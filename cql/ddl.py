@@ -60,8 +60,8 @@ class SchemaStatements:
         keyspace = keyspace_of(s.table)
         value = self._propose(CreateTable(
             id=_new_id(), keyspace=keyspace, name=s.table.name,
-            columns=tuple(ColumnSpec(c.name, c.type) for c in s.columns), partition_key=tuple(s.partition_key), clustering_key=tuple(s.clustering_key),
-            if_not_exists=s.if_not_exists, cmd_id=_new_id(),
+            columns=tuple(ColumnSpec(c.name, c.type) for c in s.columns), partition_key=tuple(s.partition_key),
+            clustering_key=tuple(s.clustering_key), if_not_exists=s.if_not_exists, cmd_id=_new_id(),
         ))
         return _message("created", "table", f"{keyspace}.{s.table.name}", value)
 
