@@ -1,7 +1,6 @@
 """Tests of storage.store.NodeStore on SQLite and, when its binaries are installed, a throwaway PostgreSQL 15."""
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import random
@@ -15,6 +14,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coordinator.core.tokens import token_of as system_token_of
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, merge, state_equal, visible_values, write_ts
 from storage.store import NodeStore
 
@@ -78,7 +78,7 @@ def make_spec(regular=REGULAR) -> TableSpec:
 
 
 def token_of(partition: str) -> int:
-    return int.from_bytes(hashlib.blake2b(partition.encode(), digest_size=8).digest(), "big") + MIN_TOKEN
+    return system_token_of((partition,), ("text",))
 
 
 def mutation(partition: str, clustering: str, marker_ts=None, tomb_ts=None, token=None, **cells) -> Row:
