@@ -21,13 +21,17 @@ from coordinator.core.commands import (
     CreateTable,
     CreateView,
     DropView,
+    FinishViewBuildingTasks,
     Noop,
+    RegisterNode,
+    SetProcessingBase,
     WhereTerm,
     cmd_id_of,
     decode,
     encode,
 )
 from coordinator.core.errors import InvalidArgument
+from coordinator.core.schema import BUILD_STARTED, BUILD_SUCCESS
 from coordinator.core.state import Group0State
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8))
@@ -238,3 +242,118 @@ def test_well_formed_commands_get_an_outcome_and_refusals_change_nothing(command
         outcome = state.apply(json.loads(json.dumps(encode(command))))
         if not outcome.ok:
             assert pickle.dumps({k: v for k, v in vars(state).items() if not k.startswith("_")}) == before
+
+
+# ----------------------------------------------------------------- the view building loop's commands
+
+
+def building_state(nodes: int = 3, rf: int = 2, tablets: int = 2) -> tuple[Group0State, str, str]:
+    """A cluster with table ks.t and one building view ks.mv; returns (state, base id, view id)."""
+    state = Group0State()
+    for i in range(1, nodes + 1):
+        assert state.apply(RegisterNode(node_id=f"n{i}", grpc="g", raft="r", shards=2, cmd_id=None)).ok
+    assert state.apply(CreateKeyspace(name="ks", rf=rf, initial_tablets=tablets, cmd_id=None)).ok
+    assert state.apply(decode(create_table_entry(columns=[["k", "int"], ["c", "int"]], clustering_key=["c"],
+                                                 cmd_id=None))).ok
+    view = CreateView(id="2" * 32, keyspace="ks", name="mv", base="t", partition_key=("c",), clustering_key=("k",),
+                      where=(WhereTerm("c", "IS NOT NULL", None), WhereTerm("k", "IS NOT NULL", None)), cmd_id=None)
+    assert state.apply(view).ok
+    return state, "1" * 32, "2" * 32
+
+
+def test_the_journal_form_of_the_loop_commands_carries_the_term():
+    finish = FinishViewBuildingTasks(term=3, task_ids=("a", "b"), cmd_id="f1")
+    assert encode(finish) == {"op": "finish_view_building_tasks", "v": JOURNAL_VERSION, "cmd_id": "f1", "term": 3,
+                              "task_ids": ["a", "b"]}
+    base = SetProcessingBase(term=3, base_id=None, cmd_id=None)
+    assert encode(base) == {"op": "set_processing_base", "v": JOURNAL_VERSION, "cmd_id": None, "term": 3,
+                            "base_id": None}
+    assert decode(encode(base)) == base
+    assert "field 'term' must be an integer" in refusal({**encode(finish), "term": "3"})
+
+
+def test_finishing_tasks_removes_them_once_and_ignores_absent_ids():
+    state, _, view_id = building_state()
+    ids = sorted(t.id for t in state.tasks_of_view(view_id))
+    assert state.apply(FinishViewBuildingTasks(term=1, task_ids=(ids[0], ids[1], "gone"), cmd_id=None)).value == 2
+    assert state.apply(FinishViewBuildingTasks(term=1, task_ids=(ids[0],), cmd_id=None)).value == 0
+    assert ids[0] not in state.tasks and ids[2] in state.tasks
+    assert state.view_progress(view_id)["tasks_done"] == 2
+
+
+def test_a_node_without_tasks_of_a_view_is_success_and_the_view_is_built_when_all_are():
+    state, _, view_id = building_state()
+    by_node: dict[str, list[str]] = {}
+    for task in state.tasks_of_view(view_id):
+        by_node.setdefault(task.replica.node, []).append(task.id)
+    first, *others = sorted(by_node)
+    assert state.apply(FinishViewBuildingTasks(term=1, task_ids=tuple(by_node[first]), cmd_id=None)).ok
+    assert state.build_status[(view_id, first)] == BUILD_SUCCESS
+    assert all(state.build_status[(view_id, n)] == BUILD_STARTED for n in others)
+    assert not state.view_is_built(view_id)
+    rest = tuple(i for n in others for i in by_node[n])
+    assert state.apply(FinishViewBuildingTasks(term=1, task_ids=rest, cmd_id=None)).ok
+    assert state.view_is_built(view_id) and set(state.build_status.values()) == {BUILD_SUCCESS}
+
+
+def test_an_aborted_task_is_not_removed_by_a_finish():
+    state, _, view_id = building_state()
+    task = next(state.tasks_of_view(view_id))
+    state.tasks[task.id] = dataclasses.replace(task, aborted=True)
+    assert state.apply(FinishViewBuildingTasks(term=1, task_ids=(task.id,), cmd_id=None)).value == 0
+    assert task.id in state.tasks
+
+
+def test_an_empty_finish_settles_statuses_of_nodes_left_without_tasks():
+    state, _, view_id = building_state()
+    for task in [t for t in state.tasks_of_view(view_id) if t.replica.node == "n1"]:
+        del state.tasks[task.id]  # as an RF change may leave a node
+    assert state.apply(FinishViewBuildingTasks(term=1, task_ids=(), cmd_id=None)).value == 0
+    assert state.build_status[(view_id, "n1")] == BUILD_SUCCESS
+
+
+def test_a_loop_command_from_an_older_term_is_refused_and_changes_nothing():
+    state, base_id, view_id = building_state()
+    assert state.apply(SetProcessingBase(term=5, base_id=base_id, cmd_id=None)).ok
+    assert state.view_building_term == 5
+    task_id = next(state.tasks_of_view(view_id)).id
+    before = pickle.dumps(vars(state))
+    for stale in (FinishViewBuildingTasks(term=4, task_ids=(task_id,), cmd_id=None),
+                  SetProcessingBase(term=4, base_id=None, cmd_id=None)):
+        outcome = state.apply(stale)
+        assert (outcome.error_code, outcome.error_message) == (
+            "FAILED_PRECONDITION", "stale term 4: a newer leader (term 5) has taken over")
+    assert pickle.dumps(vars(state)) == before
+    assert state.apply(FinishViewBuildingTasks(term=6, task_ids=(task_id,), cmd_id=None)).value == 1
+    assert state.view_building_term == 6
+    assert state.apply(SetProcessingBase(term=6, base_id=None, cmd_id=None)).ok  # the same term is accepted
+
+
+def test_the_processing_base_must_be_an_existing_base_table():
+    state, base_id, view_id = building_state()
+    for wrong in (view_id, "9" * 32):
+        outcome = state.apply(SetProcessingBase(term=1, base_id=wrong, cmd_id=None))
+        assert outcome.error_code == "NOT_FOUND" and state.processing_base is None
+    assert state.view_building_term == 0, "a refused command records no term"
+    assert state.apply(SetProcessingBase(term=1, base_id=base_id, cmd_id=None)).value == base_id
+    assert state.processing_base == base_id
+    assert state.apply(DropView(keyspace="ks", name="mv", cmd_id=None)).ok
+    assert not state.tasks and state.processing_base == base_id  # the loop clears it (planner)
+    assert state.apply(SetProcessingBase(term=1, base_id=None, cmd_id=None)).ok and state.processing_base is None
+
+
+def test_a_loop_term_must_be_positive():
+    state, _, _ = building_state()
+    outcome = state.apply(FinishViewBuildingTasks(term=0, task_ids=(), cmd_id=None))
+    assert outcome.error_code == "INVALID_ARGUMENT" and "positive" in outcome.error_message
+
+
+def test_a_snapshot_written_before_loop_terms_restores_term_zero():
+    state, base_id, _ = building_state()
+    saved = state.__dict__.copy()
+    del saved["_view_building_term"]
+    restored = Group0State.__new__(Group0State)
+    restored.__setstate__(saved)
+    assert restored.view_building_term == 0 and restored.tasks == state.tasks
+    assert restored.apply(SetProcessingBase(term=1, base_id=base_id, cmd_id=None)).ok
+    assert pickle.loads(pickle.dumps(restored)).view_building_term == 1

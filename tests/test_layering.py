@@ -1,4 +1,4 @@
-"""The pure core (coordinator/core, storage/cells.py) imports nothing but the standard library, itself and xxhash.
+"""The pure core (coordinator/core, storage/cells.py, worker/tasks.py) imports nothing but the standard library, itself and xxhash.
 
 `xxhash` is the one exception: a pure function (the token is Spark's xxhash64 rule, see coordinator/core/tokens.py).
 """
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE_MODULES = sorted((ROOT / "coordinator" / "core").glob("*.py")) + [ROOT / "storage" / "cells.py"]
-PURE_PACKAGES = ("coordinator.core", "storage.cells")
+PURE_MODULES = sorted((ROOT / "coordinator" / "core").glob("*.py")) + [ROOT / "storage" / "cells.py",
+                                                                       ROOT / "worker" / "tasks.py"]
+PURE_PACKAGES = ("coordinator.core", "storage.cells", "worker.tasks")
 PURE_THIRD_PARTY = ("xxhash",)
 
 

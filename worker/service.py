@@ -8,32 +8,43 @@ import grpc
 
 from common.injection import Injections
 from common.status import status_for
-from coordinator.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from coordinator.core.errors import InvalidArgument, NotFound, Unavailable
 from vbcpb import vbc_pb2_grpc as rpc
+from worker.tasks import refuse_stale_term
 
 
 class TermFence:
-    """Remembers the highest coordinator term admitted; calls from an older term are refused."""
+    """The newest coordinator term seen — of admitted calls and of this node's own Raft term; older calls are refused.
+
+    The servicer first catches up to the coordinator's applied index (a read barrier), so this node has heard of
+    the caller's term if the caller really leads it; a term still ahead of the node's own is then refused as
+    UNAVAILABLE (retry), so a bogus term from a stray client cannot raise the fence and lock out the real leader.
+    Admitting a valid call raises the fence: from then on a deposed leader's calls are refused.
+    """
 
     def __init__(self) -> None:
         self._highest = 0
         self._lock = threading.Lock()
 
-    def check(self, term: int, current_term: int) -> None:
-        """Refuse a term older than any seen, or newer than this node's Raft term (not a real leader's yet)."""
+    @property
+    def highest(self) -> int:
+        """The newest term admitted so far (0 before the first call)."""
         with self._lock:
-            newest = max(self._highest, current_term)
-        if term < newest:
-            raise FailedPrecondition(
-                f"stale coordinator term {term}: this worker has seen term {newest}; "
-                "the caller is no longer the group0 leader"
-            )
+            return self._highest
+
+    def check(self, term: int, current_term: int) -> None:
+        """Refuse a term older than any admitted or than this node's Raft term (FAILED_PRECONDITION), or ahead of
+        this node's Raft term (UNAVAILABLE: not known to be a real leader's yet)."""
+        with self._lock:
+            refuse_stale_term(term, max(self._highest, current_term))
         if term > current_term:
             raise Unavailable(f"term {term} is ahead of this node's group0 term {current_term}; retry once it caught up")
 
-    def admit(self, term: int) -> None:
+    def admit(self, term: int, current_term: int = 0) -> None:
+        """Check again and raise the fence to `term`, atomically (a newer call admitted meanwhile wins)."""
         with self._lock:
-            self._highest = max(self._highest, term)
+            refuse_stale_term(term, max(self._highest, current_term))
+            self._highest = term
 
 
 def check_batch(state, node_id: str, shard: int, task_ids: list[str]) -> list:
@@ -67,7 +78,7 @@ class WorkerService(rpc.WorkerServicer):
             self._injections.hit("worker.work_on_tasks")
             self._fence.check(request.term, self._current_term())
             self._read_state(lambda s: check_batch(s, self._node_id, request.shard, list(request.task_ids)))
-            self._fence.admit(request.term)
+            self._fence.admit(request.term, self._current_term())
         except Exception as error:  # noqa: BLE001 - mapped to a status, the node keeps serving
             code, message = status_for(error)
             context.abort(code, message)

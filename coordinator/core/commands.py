@@ -146,8 +146,38 @@ class Noop(Command):
     op: ClassVar[str] = "noop"
 
 
+@dataclass(frozen=True, kw_only=True)
+class LoopCommand(Command):
+    """A command of the view building loop, carrying the Raft `term` of the leader whose loop proposed it.
+
+    `apply` refuses one whose term is older than the newest loop term it has seen, so the loop of a
+    deposed leader cannot change the task table once its successor's loop has proposed anything.
+    """
+
+    term: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinishViewBuildingTasks(LoopCommand):
+    """Remove finished tasks (ids absent or aborted are ignored), then mark SUCCESS every STARTED node left
+    without tasks of its view; with no ids it only settles those statuses."""
+
+    op: ClassVar[str] = "finish_view_building_tasks"
+    task_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetProcessingBase(LoopCommand):
+    """Set (or clear, with None) the base table whose views the loop builds now; the loop's first command
+    in a term, which also records that term."""
+
+    op: ClassVar[str] = "set_processing_base"
+    base_id: str | None
+
+
 COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, CreateView,
-                                       CreateIndex, DropView, DropTable, DropKeyspace, Noop)
+                                       CreateIndex, DropView, DropTable, DropKeyspace, Noop,
+                                       FinishViewBuildingTasks, SetProcessingBase)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}
 
 

@@ -25,8 +25,10 @@ from .commands import (
     DropKeyspace,
     DropTable,
     DropView,
+    FinishViewBuildingTasks,
     Noop,
     RegisterNode,
+    SetProcessingBase,
     cmd_id_of,
     decode,
 )
@@ -57,6 +59,9 @@ class Group0State:
         self.build_status: dict[tuple[str, str], str] = {}
         self.tasks_created: dict[str, int] = {}
         self.processing_base: str | None = None
+        # the newest Raft term of a view building loop command applied: a fence, not schema data (so private,
+        # and out of the journal-replay comparisons); 0 until a loop proposed anything
+        self._view_building_term = 0
         # owned by this module: outcomes of recent commands, by cmd_id
         self._recent: OrderedDict[str, Outcome] = OrderedDict()
 
@@ -122,6 +127,11 @@ class Group0State:
     def view_progress(self, view_id: str) -> dict:
         return view_building.progress(self, view_id)
 
+    @property
+    def view_building_term(self) -> int:
+        """The newest term of a view building loop command applied; older loops' commands are refused."""
+        return self._view_building_term
+
 
 def _noop(state: Group0State, cmd: Noop) -> None:
     return None
@@ -138,4 +148,6 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     DropTable: ddl.drop_table,
     DropKeyspace: ddl.drop_keyspace,
     Noop: _noop,
+    FinishViewBuildingTasks: view_building.finish_tasks,
+    SetProcessingBase: view_building.set_processing_base,
 }

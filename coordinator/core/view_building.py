@@ -1,12 +1,16 @@
 """View building: one build task per base tablet replica of a new view, and each node's build status per view.
 
-Owns the `tasks`, `build_status`, `tasks_created` and `processing_base` fields of Group0State.
+Owns the `tasks`, `build_status`, `tasks_created`, `processing_base` and `_view_building_term` fields of
+Group0State. The leader's loop changes them only through commands carrying its Raft term
+(`FinishViewBuildingTasks`, `SetProcessingBase`); one from a term older than the newest seen is refused.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from .commands import FinishViewBuildingTasks, SetProcessingBase
+from .errors import FailedPrecondition, InvalidArgument, NotFound
 from .ids import derived_id
 from .schema import BUILD_STARTED, BUILD_SUCCESS, TASK_BUILD_RANGE, Replica, Table, Task
 
@@ -78,3 +82,52 @@ def progress(state: Group0State, view_id: str) -> dict:
     hosts = {node: status for (v, node), status in state.build_status.items() if v == view_id}
     return {"tasks_total": total, "tasks_done": max(total - remaining, 0), "hosts": hosts,
             "built": is_built(state, view_id)}
+
+
+# -------------------------------------------------------------------- the leader loop's commands
+
+
+def finish_tasks(state: Group0State, cmd: FinishViewBuildingTasks) -> int:
+    """Remove the finished tasks named (absent or aborted ones are ignored) and settle build statuses."""
+    check_loop_term(state, cmd.term)
+    removed = 0
+    for task_id in cmd.task_ids:
+        task = state.tasks.get(task_id)
+        if task is not None and not task.aborted:
+            del state.tasks[task_id]
+            removed += 1
+    for key in unsettled_statuses(state):
+        state.build_status[key] = BUILD_SUCCESS
+    _record_loop_term(state, cmd.term)
+    return removed
+
+
+def set_processing_base(state: Group0State, cmd: SetProcessingBase) -> str | None:
+    """Set or clear the base table being built; NOT_FOUND if it is not an existing base table."""
+    check_loop_term(state, cmd.term)
+    if cmd.base_id is not None:
+        table = state.tables.get(cmd.base_id)
+        if table is None or table.view is not None:
+            raise NotFound(f"base table {cmd.base_id} does not exist")
+    state.processing_base = cmd.base_id
+    _record_loop_term(state, cmd.term)
+    return cmd.base_id
+
+
+def check_loop_term(state: Group0State, term: int) -> None:
+    """Refuse a loop command from a term older than the newest loop term applied."""
+    if term < 1:
+        raise InvalidArgument(f"invalid loop term {term!r}: a leader's Raft term is a positive integer")
+    newest = state.view_building_term
+    if term < newest:
+        raise FailedPrecondition(f"stale term {term}: a newer leader (term {newest}) has taken over")
+
+
+def _record_loop_term(state: Group0State, term: int) -> None:
+    state._view_building_term = max(state._view_building_term, term)
+
+
+def unsettled_statuses(state: Group0State) -> list[tuple[str, str]]:
+    """(view, node) pairs still STARTED although the node has no task of the view left."""
+    holding = {(t.view_id, t.replica.node) for t in state.tasks.values()}
+    return [key for key, status in state.build_status.items() if status == BUILD_STARTED and key not in holding]

@@ -1,0 +1,222 @@
+"""Pure decisions of the view building leader loop: replicated state and loop events in, RPCs and commands out.
+
+In the style of dask's worker state machine: the loop (`coordinator/view_building.py`) owns the clock, the
+threads and gRPC, and asks these functions what to do; they read the group0 state and never change it.
+
+- `plan_dispatch(state, term, busy, live_nodes, finished) -> Plan`, called whenever the loop wakes (a
+  command applied, an RPC answered or failed, a backoff ran out): send every `SendBatch` as
+  `WorkOnViewBuildingTasks`, propose every command (not re-proposing one still in flight). `busy` holds
+  the replicas with a call in flight *or waiting out a retry backoff* (`RetrySchedule.waiting`).
+- `plan_flush(state, term, finished) -> FinishViewBuildingTasks | None`, called every ~200 ms: the one
+  command removing the finished tasks the loop holds. The loop keeps only `pending_finished(...)` of them.
+- A plan with `deposed` set means a newer leader's loop has proposed a command: stop this loop.
+
+Commands come out with `cmd_id` None; the loop gives each a fresh id before proposing it.
+
+Processing base: one base table at a time, persisted in group0. When none is set, or the one set has no
+live task left (live: a non-aborted `build_range` task), the next one is the base of the oldest live task
+(group0's task table keeps creation order, so views are built in the order they were created). It is kept
+while it has live tasks, even if they all wait for dead nodes. The first command of a loop in a new term is
+`SetProcessingBase` (with the base it would choose anyway): it records the term, fencing older loops.
+
+Batch of a replica: the live tasks of the processing base on that (node, shard), of its lowest tablet id,
+one per view (the smallest task id of each view), ids sorted; tasks the loop holds as finished are never
+sent again. Every alive replica that is not busy and has such tasks gets one batch, so every shard of every
+node works in parallel.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Set
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from .commands import Command, FinishViewBuildingTasks, SetProcessingBase
+from .schema import TASK_BUILD_RANGE, Replica, Task
+from .view_building import unsettled_statuses
+
+if TYPE_CHECKING:
+    from .state import Group0State
+
+FLUSH_LIMIT = 4096  # task ids per FinishViewBuildingTasks command (the rest go in the next flush)
+
+
+@dataclass(frozen=True)
+class SendBatch:
+    """Send `WorkOnViewBuildingTasks(term, shard, task_ids)` to `node`."""
+
+    node: str
+    shard: int
+    task_ids: tuple[str, ...]
+
+    @property
+    def replica(self) -> Replica:
+        return Replica(self.node, self.shard)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the loop does now: RPCs to send and group0 commands to propose (or stop, when deposed)."""
+
+    batches: tuple[SendBatch, ...] = ()
+    commands: tuple[Command, ...] = ()
+    deposed: bool = False
+
+
+# -------------------------------------------------------------------- dispatch and flush
+
+
+def plan_dispatch(state: Group0State, term: int, busy: Set[Replica], live_nodes: Set[str],
+                  finished: Set[str]) -> Plan:
+    """The batches to send and the processing-base command to propose, for a loop of Raft `term`."""
+    if is_deposed(state, term):
+        return Plan(deposed=True)
+    base = state.processing_base
+    batches = tuple(
+        SendBatch(replica.node, replica.shard, batch)
+        for replica, batch in batches_of_base(state, base, finished).items()
+        if replica not in busy and replica.node in live_nodes
+    ) if base is not None else ()
+    return Plan(batches=batches, commands=_processing_base_commands(state, term))
+
+
+def plan_flush(state: Group0State, term: int, finished: Set[str]) -> FinishViewBuildingTasks | None:
+    """The command removing the finished tasks group0 still holds (or settling statuses); None if nothing to do."""
+    if is_deposed(state, term):
+        return None
+    ids = tuple(sorted(pending_finished(state, finished)))[:FLUSH_LIMIT]
+    if not ids and not unsettled_statuses(state):
+        return None
+    return FinishViewBuildingTasks(term=term, task_ids=ids, cmd_id=None)
+
+
+def pending_finished(state: Group0State, finished: Iterable[str]) -> frozenset[str]:
+    """The finished ids still worth removing: tasks group0 holds and has not aborted (the loop forgets the rest)."""
+    return frozenset(i for i in finished if i in state.tasks and not state.tasks[i].aborted)
+
+
+def is_deposed(state: Group0State, term: int) -> bool:
+    """True when a loop of a newer term has had a command applied: this loop's commands would be refused."""
+    return state.view_building_term > term
+
+
+# -------------------------------------------------------------------- processing base
+
+
+def is_live(task: Task) -> bool:
+    """A task the loop may send: a non-aborted build_range task."""
+    return task.type == TASK_BUILD_RANGE and not task.aborted
+
+
+def has_live_tasks(state: Group0State, base_id: str | None) -> bool:
+    return base_id is not None and any(t.base_id == base_id and is_live(t) for t in state.tasks.values())
+
+
+def choose_processing_base(state: Group0State) -> str | None:
+    """The current base while it has live tasks, else the base of the oldest live task (None: nothing to build)."""
+    if has_live_tasks(state, state.processing_base):
+        return state.processing_base
+    return next((t.base_id for t in state.tasks.values() if is_live(t)), None)
+
+
+def _processing_base_commands(state: Group0State, term: int) -> tuple[Command, ...]:
+    wanted = choose_processing_base(state)
+    if wanted == state.processing_base and state.view_building_term >= term:
+        return ()
+    return (SetProcessingBase(term=term, base_id=wanted, cmd_id=None),)
+
+
+# -------------------------------------------------------------------- batches
+
+
+def batches_of_base(state: Group0State, base_id: str, finished: Set[str]) -> dict[Replica, tuple[str, ...]]:
+    """For every replica with sendable tasks of `base_id`, the ids of its next batch, by replica (sorted)."""
+    by_replica: dict[Replica, list[Task]] = {}
+    for task in state.tasks.values():
+        if task.base_id == base_id and is_live(task) and task.id not in finished:
+            by_replica.setdefault(task.replica, []).append(task)
+    return {replica: next_batch(by_replica[replica]) for replica in sorted(by_replica)}
+
+
+def next_batch(tasks: Iterable[Task]) -> tuple[str, ...]:
+    """From one replica's sendable tasks: those of the lowest tablet id, one per view, as sorted ids."""
+    tasks = list(tasks)
+    tablet = min(t.tablet_id for t in tasks)
+    chosen: dict[str | None, str] = {}
+    for task in tasks:
+        if task.tablet_id == tablet and (task.view_id not in chosen or task.id < chosen[task.view_id]):
+            chosen[task.view_id] = task.id
+    return tuple(sorted(chosen.values()))
+
+
+# -------------------------------------------------------------------- retries and log rate
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential retry delays: `initial` seconds after the first failure, times `factor` each time, at most
+    `maximum`."""
+
+    initial: float = 0.1
+    factor: float = 2.0
+    maximum: float = 5.0
+
+    def delay(self, attempt: int, jitter: float = 0.0) -> float:
+        """Seconds to wait after failure number `attempt` (1, 2, ...); `jitter` in [0, 1), drawn by the caller,
+        takes off up to half of it so that retries of many callers spread out."""
+        exponent = max(attempt, 1) - 1
+        raw = self.maximum if exponent >= 64 else min(self.maximum, self.initial * self.factor ** exponent)
+        return raw * (1.0 - 0.5 * min(max(jitter, 0.0), 1.0))
+
+
+@dataclass
+class RetrySchedule:
+    """Consecutive failures per key (a replica, say) and when each key may be tried again; the caller passes
+    the clock (`now`, in seconds) and any jitter."""
+
+    policy: Backoff = field(default_factory=Backoff)
+    _attempts: dict[Hashable, int] = field(default_factory=dict)
+    _not_before: dict[Hashable, float] = field(default_factory=dict)
+
+    def failed(self, key: Hashable, now: float, jitter: float = 0.0) -> float:
+        """Count a failure of `key`; the delay before it may be tried again."""
+        self._attempts[key] = self._attempts.get(key, 0) + 1
+        delay = self.policy.delay(self._attempts[key], jitter)
+        self._not_before[key] = now + delay
+        return delay
+
+    def succeeded(self, key: Hashable) -> None:
+        self._attempts.pop(key, None)
+        self._not_before.pop(key, None)
+
+    def attempts(self, key: Hashable) -> int:
+        return self._attempts.get(key, 0)
+
+    def waiting(self, now: float) -> frozenset:
+        """The keys that may not be tried yet."""
+        return frozenset(k for k, at in self._not_before.items() if at > now)
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When the earliest waiting key may be tried again (None if none waits)."""
+        return min((at for at in self._not_before.values() if at > now), default=None)
+
+
+class LogDecision(NamedTuple):
+    emit: bool
+    suppressed: int  # messages held back since the last one emitted (to mention when emitting)
+
+
+@dataclass
+class LogLimiter:
+    """At most one message per `interval` seconds; the caller passes the clock."""
+
+    interval: float = 1.0
+    _last: float | None = None
+    _suppressed: int = 0
+
+    def decide(self, now: float) -> LogDecision:
+        """Whether to log a message at `now`, and how many were held back before it."""
+        if self._last is not None and now - self._last < self.interval:
+            self._suppressed += 1
+            return LogDecision(False, self._suppressed)
+        held_back, self._suppressed, self._last = self._suppressed, 0, now
+        return LogDecision(True, held_back)
