@@ -16,6 +16,7 @@ KNOWN_POINTS = {
     "read.replica.scan": "a replica, when serving a scan",
     "ddl.before_propose": "a node, before proposing a schema change to Raft",
     "worker.work_on_tasks": "the view building worker, when a batch of tasks arrives",
+    "coordinator_pause_main_loop": "the view building loop on the group0 leader: while enabled it dispatches nothing",
 }
 
 

@@ -30,6 +30,18 @@ class NodeMetrics:
         self.raft_applied = Gauge("vbc_raft_applied_index", "group0 commands applied on this node", registry=r)
         self.raft_leader = Gauge("vbc_raft_is_leader", "1 when this node is the group0 leader", registry=r)
         self.schema_version = Gauge("vbc_schema_version", "Schema version applied on this node", registry=r)
+        # the view building loop (runs on the group0 leader only)
+        self.view_building_rounds = Counter("vbc_view_building_loop_rounds_total",
+                                            "Rounds of the view building loop", registry=r)
+        self.view_building_batches_sent = Counter("vbc_view_building_batches_sent_total",
+                                                  "WorkOnViewBuildingTasks batches sent by the loop", registry=r)
+        self.view_building_batch_failures = Counter("vbc_view_building_batch_failures_total",
+                                                    "View building batches that failed (retried with backoff)",
+                                                    registry=r)
+        self.view_building_tasks_finished = Counter("vbc_view_building_tasks_finished_total",
+                                                    "View building tasks reported finished by workers", registry=r)
+        self.view_building_flushes = Counter("vbc_view_building_flush_commands_total",
+                                             "FinishViewBuildingTasks commands proposed by the loop", registry=r)
 
     def bind_gauges(self, *, outbox_pending: Callable[[], float], raft_term: Callable[[], float],
                     raft_applied: Callable[[], float], raft_leader: Callable[[], float],
