@@ -1,0 +1,56 @@
+"""Arrow tables as a sequence of Arrow IPC stream pieces small enough for gRPC messages, and back."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+
+PIECE_BYTES = 1 << 20  # well under gRPC's default 4 MiB message limit
+ROWS_PER_BATCH = 65_536
+
+
+class _Pieces:
+    """A write-only file object for pyarrow that keeps what was written since the last `take()`."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self.closed = False
+
+    def write(self, data) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def take(self) -> bytes:
+        data, self._parts = b"".join(self._parts), []
+        return data
+
+
+def ipc_pieces(table: pa.Table, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
+    """The IPC stream of `table` (schema first, then record batches) cut into pieces of at most `piece_bytes`."""
+    sink = _Pieces()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        yield from _split(sink.take(), piece_bytes)
+        for batch in table.to_batches(max_chunksize=ROWS_PER_BATCH):
+            writer.write_batch(batch)
+            yield from _split(sink.take(), piece_bytes)
+    yield from _split(sink.take(), piece_bytes)
+
+
+def table_from_pieces(pieces: Iterable[bytes]) -> pa.Table:
+    """The table whose IPC stream `pieces` are, in order; ValueError when they do not form one stream."""
+    data = b"".join(pieces)
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as error:
+        raise ValueError(f"not an Arrow IPC stream ({len(data)} bytes): {error}") from None
+
+
+def _split(data: bytes, size: int) -> Iterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start:start + size]
