@@ -20,9 +20,9 @@ $(STAMP): requirements.lock pyproject.toml
 test: lint check-proto
 	$(PYTHON) -m pytest -q -p no:cacheprovider
 
-# The inner loop: every test that starts no process (pure core, adapters in-process, fakes).
+# The inner loop: every test that starts no node process (pure core, adapters in-process, fakes), on both cores.
 test-fast: venv
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration"
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration" -n 2
 
 # The layer order (pyproject.toml [tool.importlinter]): a lower layer importing a higher one fails.
 lint: venv

@@ -363,6 +363,21 @@ class NodeStore:
     def close(self) -> None:
         self._engine.dispose()
 
+    @property
+    def url(self) -> sa.URL:
+        """The database URL (storage.bulk opens its own ADBC connections to the same database)."""
+        return self._engine.url
+
+    @contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """Hold the store's in-process writer lock, for a writer that uses a connection of its own.
+
+        Such a writer must also lock the database as `_write_transaction` does: `BEGIN IMMEDIATE` on SQLite,
+        `pg_advisory_xact_lock(PG_WRITER_LOCK_ID)` inside its transaction on PostgreSQL.
+        """
+        with self._write_lock:
+            yield
+
     def __enter__(self) -> NodeStore:
         return self
 
@@ -561,10 +576,11 @@ class NodeStore:
         with self._read() as conn:
             return [physical.from_sql(values) for values in conn.execute(statement)]
 
-    def count(self, table_id: str, first_token: int | None = None, last_token: int | None = None) -> int:
-        """The number of live rows, optionally within an inclusive token range."""
+    def count(self, table_id: str, first_token: int | None = None, last_token: int | None = None, *,
+              include_tombstones: bool = False) -> int:
+        """The number of live rows (all rows if `include_tombstones`), optionally within an inclusive token range."""
         table = self._physical(table_id).table
-        conditions = [sa.not_(table.c.tombstone)]
+        conditions = [] if include_tombstones else [sa.not_(table.c.tombstone)]
         if first_token is not None:
             conditions.append(table.c.token >= _check_token(first_token))
         if last_token is not None:

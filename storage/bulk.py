@@ -1,0 +1,710 @@
+"""The view builder's columnar data plane: token-range snapshots into Arrow and set-based view-row merges, over ADBC.
+
+Reading. `read_token_range(store, spec, first, last)` returns one replica's rows of an inclusive token range as
+a `pyarrow.Table` in the **storage layout**, read in one read transaction (a snapshot: SQLite WAL read
+transaction, PostgreSQL REPEATABLE READ), in (token, primary key) order. Columns, named as in the store's
+SQL table (`storage_schema`): `token`; `c_<k>` per key column; `c_<r>`, `ts_<r>` per regular column (value and
+cell timestamp; a NULL `ts_<r>` is a cell never written, a NULL value with a timestamp a deleted cell);
+`marker_ts`, `tomb_ts`, `view_ts`, `write_ts`, `tombstone`. Arrow types come from the table spec, never from
+the data: int -> int32 (the Spark INT the token rule hashes), bigint/timestamp -> int64, double -> float64
+(NaN and every other value exact; SQLite keeps -0.0 as 0.0, PostgreSQL keeps it), text -> string,
+boolean -> bool, every timestamp column -> int64. A row is live when `tombstone` is false; a live row's
+visible cells are those with a non-NULL value and `ts_<r>` > `tomb_ts` (or no `tomb_ts`), as in
+`storage.cells.visible_values`.
+
+Tombstoned rows are left out by default (`include_tombstones=False`): a deleted base row has no view row, and
+a view being built starts empty, so the builder has nothing to do for it; deletions that happen while the
+view builds reach the view through the write path's view updates, whose timestamps are newer than the
+snapshot's. `include_tombstones=True` returns the full replica (the storage layout as stored).
+
+Merging. `merge_view_rows(store, view_spec, rows)` merges computed view rows into a view table exactly as if
+each row had been applied through `NodeStore.apply` as the view update the write path sends for it
+(`replica.rows.upsert_row(view, values, ts)`): an upsert at `ts` of the row marker and of every regular
+column (a NULL value is a cell deletion at `ts`). Input columns (`view_rows_schema`): `token`, `c_<k>` per
+key column, `c_<r>` per regular column, and `ts`, the base row's `view_ts`; extra columns are ignored.
+Per cell the newer timestamp wins; on a tie a deletion wins over a value, and between two values the
+greater by the canonical order of `storage.cells` (False < True, integers numerically, doubles by IEEE-754
+totalOrder, text by UTF-8 bytes); the marker keeps the highest timestamp; a row that changes gets
+`view_ts = ts` when new, else `max(ts, view_ts + 1)`, as `storage.cells.next_view_ts`. Rows of one key apply
+in input order. So a newer live write always wins, and merging the same rows again changes nothing.
+Every NaN is stored as the canonical NaN (as the store does), so a negative NaN orders like a positive one.
+
+The rows are sorted by primary key in pyarrow, then merged in chunks of `chunk_rows`, each chunk in one
+transaction holding the store's writer lock (its in-process lock, then `BEGIN IMMEDIATE` on SQLite or the
+store's advisory lock on PostgreSQL), so live writes interleave between chunks and never race one, and
+committed synchronously (SQLite `synchronous=FULL`), so merged rows are durable when the call returns.
+SQLite: one bound `INSERT ... VALUES (?...) ON CONFLICT (pk) DO UPDATE SET <per-cell winner> WHERE <anything
+wins>` executed for every row of the chunk (ADBC binds the Arrow columns; measured faster than a staging
+table + `INSERT ... SELECT`, see bench/bulk.py). PostgreSQL: the chunk is copied into a temporary table
+(ADBC ingest, COPY) and merged by the same statement as `INSERT ... SELECT` (a bound statement per row costs a
+round trip each). Returns the number of rows whose stored state changed (inserted or updated), exact on
+both engines.
+
+Processes. On SQLite the ADBC work runs in child processes of this module (`_ChildPool`): ADBC's SQLite
+driver carries its own copy of the SQLite library, and two copies in one process corrupt each other's WAL
+locking. PostgreSQL is reached over the network and runs in the calling thread.
+"""
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import adbc_driver_postgresql.dbapi
+import adbc_driver_sqlite.dbapi
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .cells import ColumnSpec, TableSpec
+from .store import PG_WRITER_LOCK_ID, NodeStore, physical_table_name, ts_column_name, value_column_name
+
+TS = "ts"  # merge_view_rows input: the timestamp of the view upsert (the base row's view_ts)
+ROW_COLUMNS = ("marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone")
+DEFAULT_BATCH_ROWS = 65_536
+DEFAULT_CHUNK_ROWS = 100_000
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_MERGE_CACHE_KIB = 65_536
+SQLITE_IDLE_CHILDREN = 2  # idle child processes kept for the ADBC SQLite work (see _ChildPool)
+_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the `storage` package
+
+_ARROW_TYPES = {
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "timestamp": pa.int64(),
+    "double": pa.float64(),
+    "text": pa.string(),
+    "boolean": pa.bool_(),
+}
+_STORED_KIND = {"int": "int", "bigint": "int", "timestamp": "int", "double": "double", "text": "text",
+                "boolean": "boolean"}
+_NAN_FLAG = "{}__is_nan"  # SQLite reads: a double column's NaN flag (SQLite stores NaN as the text 'NaN')
+_SQLITE_WITNESS = {"int": "0", "double": "0.0", "text": "''", "boolean": "0"}
+
+
+# --- Arrow schemas ---------------------------------------------------------------------------------------
+
+
+def arrow_type(column_type: str) -> pa.DataType:
+    """The Arrow type of a column of `column_type` (see the module docstring)."""
+    return _ARROW_TYPES[column_type]
+
+
+def storage_schema(spec: TableSpec) -> pa.Schema:
+    """The Arrow schema of `read_token_range`: the store's SQL columns, in table order."""
+    fields = [pa.field("token", pa.int64(), nullable=False)]
+    fields += [pa.field(value_column_name(c.name), arrow_type(c.type), nullable=False) for c in spec.key_columns]
+    for c in spec.regular:
+        fields += [pa.field(value_column_name(c.name), arrow_type(c.type)), pa.field(ts_column_name(c.name), pa.int64())]
+    fields += [pa.field(name, pa.int64()) for name in ("marker_ts", "tomb_ts", "view_ts")]
+    fields += [pa.field("write_ts", pa.int64(), nullable=False), pa.field("tombstone", pa.bool_(), nullable=False)]
+    return pa.schema(fields)
+
+
+def view_rows_schema(spec: TableSpec) -> pa.Schema:
+    """The Arrow schema `merge_view_rows` takes: token, key and regular values, and the upsert's `ts`."""
+    fields = [pa.field("token", pa.int64(), nullable=False)]
+    fields += [pa.field(value_column_name(c.name), arrow_type(c.type), nullable=False) for c in spec.key_columns]
+    fields += [pa.field(value_column_name(c.name), arrow_type(c.type)) for c in spec.regular]
+    return pa.schema(fields + [pa.field(TS, pa.int64(), nullable=False)])
+
+
+def _stored_columns(spec: TableSpec) -> list[tuple[str, str]]:
+    """(SQL column name, stored kind: int | double | text | boolean) of every column, in table order."""
+    columns = [("token", "int")] + [(value_column_name(c.name), _STORED_KIND[c.type]) for c in spec.key_columns]
+    for c in spec.regular:
+        columns += [(value_column_name(c.name), _STORED_KIND[c.type]), (ts_column_name(c.name), "int")]
+    return columns + [(name, "int") for name in ROW_COLUMNS[:4]] + [("tombstone", "boolean")]
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _key_names(spec: TableSpec) -> list[str]:
+    return ["token"] + [value_column_name(c.name) for c in spec.key_columns]
+
+
+# --- connections -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Backend:
+    """Which database engine the store uses and where ADBC finds it (a SQLite file path or a libpq URI)."""
+
+    sqlite: bool
+    target: str
+
+    def param(self, position: int) -> str:
+        """The placeholder of the bound column at `position` (0-based), reusable in one statement."""
+        return f"?{position + 1}" if self.sqlite else f"${position + 1}"
+
+
+def _backend(store: NodeStore) -> _Backend:
+    url = store.url
+    name = url.get_backend_name()
+    if name == "sqlite":
+        if not url.database or url.database == ":memory:":
+            raise ValueError("storage.bulk needs a file-backed SQLite store (ADBC opens its own connection)")
+        return _Backend(True, url.database)
+    if name == "postgresql":
+        return _Backend(False, url.set(drivername="postgresql").render_as_string(hide_password=False))
+    raise ValueError(f"storage.bulk supports SQLite and PostgreSQL stores, not {name!r}")
+
+
+@contextmanager
+def _connect(backend: _Backend) -> Iterator:
+    """An ADBC connection in autocommit mode (transactions are explicit: BEGIN/COMMIT statements)."""
+    if backend.sqlite:
+        conn = adbc_driver_sqlite.dbapi.connect(backend.target, autocommit=True)
+    else:
+        conn = adbc_driver_postgresql.dbapi.connect(backend.target, autocommit=True)
+    try:
+        if backend.sqlite:
+            _execute(conn.cursor(), f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        yield conn
+    finally:
+        conn.close()
+
+
+def _execute(cursor, sql: str, params: tuple = ()) -> None:
+    cursor.execute(sql, params) if params else cursor.execute(sql)
+
+
+def _scalar(cursor, sql: str, params: tuple = ()) -> object:
+    _execute(cursor, sql, params)
+    return cursor.fetchone()[0]
+
+
+@contextmanager
+def _transaction(cursor, begin: str) -> Iterator[None]:
+    _execute(cursor, begin)
+    try:
+        yield
+    except BaseException:
+        _execute(cursor, "ROLLBACK")
+        raise
+    _execute(cursor, "COMMIT")
+
+
+class _Child:
+    """One child process running `_serve`: requests and answers are length-prefixed pickles on its pipes."""
+
+    def __init__(self) -> None:
+        environment = dict(os.environ)
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), environment.get("PYTHONPATH")]))
+        self._process = subprocess.Popen([sys.executable, "-c", "import storage.bulk as b; b._serve()"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment)
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def call(self, name: str, args: tuple) -> tuple[str, object]:
+        """("ok", result) or ("error", exception) as answered; EOFError/OSError when the child is gone."""
+        _send(self._process.stdin, (name, args))
+        return _receive(self._process.stdout)
+
+    def close(self) -> None:
+        try:
+            self._process.stdin.close()
+            self._process.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self._process.kill()
+            self._process.wait()
+        self._process.stdout.close()
+
+
+class _ChildPool:
+    """Child processes that run the ADBC SQLite work, started on demand, one per call in flight.
+
+    ADBC's SQLite driver carries its own copy of the SQLite library. Two copies in one process break SQLite's
+    locking (POSIX locks belong to the process, and each copy tracks only its own connections): closing an
+    ADBC connection deletes the WAL under the store's open sqlite3 connections (seen here: the next write
+    was lost, then "disk I/O error"), and one copy's checkpoint can overwrite WAL frames a reader of the
+    other still uses. Across processes the two copies lock each other like any two processes.
+    Plain subprocesses rather than multiprocessing: spawn would re-run the parent's __main__ script.
+    """
+
+    def __init__(self, keep_idle: int) -> None:
+        self._keep_idle = keep_idle
+        self._idle: list[_Child] = []
+        self._lock = threading.Lock()
+
+    def run(self, name: str, *args):
+        child = self._take()
+        try:
+            status, value = child.call(name, args)
+        except BaseException:
+            child.close()  # dead, or the exchange was cut in the middle: never reuse it
+            raise
+        self._give_back(child)
+        if status == "error":
+            raise value
+        return value
+
+    def _take(self) -> _Child:
+        with self._lock:
+            while self._idle:
+                child = self._idle.pop()
+                if child.alive():
+                    return child
+                child.close()
+        return _Child()
+
+    def _give_back(self, child: _Child) -> None:
+        with self._lock:
+            if len(self._idle) < self._keep_idle:
+                self._idle.append(child)
+                return
+        child.close()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for child in idle:
+            child.close()
+
+
+def _send(stream, message: object) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack(">Q", len(data)))
+    stream.write(data)
+    stream.flush()
+
+
+def _receive(stream) -> object:
+    header = stream.read(8)
+    if len(header) < 8:
+        raise EOFError("the storage.bulk child process closed its pipe")
+    size = struct.unpack(">Q", header)[0]
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("the storage.bulk child process closed its pipe in the middle of an answer")
+    return pickle.loads(data)
+
+
+def _portable(error: Exception) -> Exception:
+    """The exception itself if it survives pickling, else a RuntimeError naming it."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def _serve() -> None:
+    """The child's loop: answer requests on stdin until it closes (the parent exited or shut the pool down)."""
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # a stray print must not corrupt the answers
+    while True:
+        try:
+            name, args = _receive(requests)
+        except EOFError:
+            return
+        try:
+            answer = ("ok", _CHILD_FUNCTIONS[name](*args))
+        except Exception as error:
+            answer = ("error", _portable(error))
+        _send(answers, answer)
+
+
+_SQLITE_CHILDREN = _ChildPool(SQLITE_IDLE_CHILDREN)
+atexit.register(_SQLITE_CHILDREN.shutdown)
+
+
+def shutdown() -> None:
+    """Stop the idle child processes of the SQLite data plane (new ones start on the next call)."""
+    _SQLITE_CHILDREN.shutdown()
+
+
+def _to_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
+    """Arrow IPC stream bytes: only the rows of a slice travel (pickling a slice copies its whole buffers)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()
+
+
+# --- reading ---------------------------------------------------------------------------------------------
+
+
+def _range_filter(backend: _Backend, include_tombstones: bool) -> str:
+    condition = f"token >= {backend.param(0)} AND token <= {backend.param(1)}"
+    if not include_tombstones:
+        condition += " AND tombstone = 0" if backend.sqlite else " AND NOT tombstone"
+    return condition
+
+
+def count_in_range(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, *,
+                   include_tombstones: bool = False) -> int:
+    """The number of rows (live only unless `include_tombstones`) with first_token <= token <= last_token.
+
+    One indexed count through the store's own connection (no ADBC, no child process); 0 when the store
+    has no table `spec.table_id` (this replica never stored a row of it).
+    """
+    try:
+        return store.count(spec.table_id, first_token, last_token, include_tombstones=include_tombstones)
+    except KeyError:
+        return 0
+
+
+def _sqlite_read_sql(spec: TableSpec, include_tombstones: bool) -> str:
+    """The range query for SQLite, its first row a typed 'witness' row (write_ts NULL) that fixes ADBC's types.
+
+    ADBC's SQLite driver infers each column's type from the first batch of values (all NULL -> int64, and a
+    later string fails), and a double column holds the text 'NaN': doubles are read as the REAL value plus a
+    NaN flag, and the witness row makes the first batch carry a value of the right type in every column.
+    """
+    projection, witness = [], []
+    for name, kind in _stored_columns(spec):
+        quoted = _quote(name)
+        if kind == "double":
+            flag = _quote(_NAN_FLAG.format(name))
+            projection += [f"CASE WHEN typeof({quoted}) = 'text' THEN NULL ELSE {quoted} END AS {quoted}",
+                           f"typeof({quoted}) = 'text' AS {flag}"]
+            witness += [f"0.0 AS {quoted}", f"0 AS {flag}"]
+        else:
+            projection.append(quoted)
+            witness.append(f"{'NULL' if name == 'write_ts' else _SQLITE_WITNESS[kind]} AS {quoted}")
+    table = _quote(physical_table_name(spec.table_id))
+    order = ", ".join(f"{table}.{_quote(name)}" for name in _key_names(spec))  # the stored values, not the aliases
+    return (f"SELECT {', '.join(witness)} UNION ALL SELECT * FROM (SELECT {', '.join(projection)} FROM {table} "
+            f"WHERE {_range_filter(_Backend(True, ''), include_tombstones)} ORDER BY {order})")
+
+
+def _postgres_read_sql(spec: TableSpec, include_tombstones: bool) -> str:
+    columns = ", ".join(_quote(name) for name, _ in _stored_columns(spec))
+    table = _quote(physical_table_name(spec.table_id))
+    order = ", ".join(_quote(name) for name in _key_names(spec))
+    return (f"SELECT {columns} FROM {table} WHERE {_range_filter(_Backend(False, ''), include_tombstones)} "
+            f"ORDER BY {order}")
+
+
+def _batch_option(backend: _Backend, batch_rows: int) -> dict[str, str]:
+    if backend.sqlite:
+        return {"adbc.sqlite.query.batch_rows": str(batch_rows)}
+    return {"adbc.postgresql.batch_size_hint_bytes": str(max(1, batch_rows) * 256)}
+
+
+def _read_snapshot(backend: _Backend, sql: str, params: tuple, batch_rows: int) -> pa.Table:
+    """Run the range query in one read transaction (REPEATABLE READ on PostgreSQL); the raw ADBC result."""
+    begin = "BEGIN" if backend.sqlite else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+    with _connect(backend) as conn:
+        cursor = conn.cursor()
+        cursor.adbc_statement.set_options(**_batch_option(backend, batch_rows))
+        with _transaction(cursor, begin):
+            cursor.execute(sql, params)
+            table = cursor.fetch_arrow_table()
+    if not backend.sqlite:
+        return table
+    if table.num_rows == 0 or table.column("write_ts")[0].is_valid:
+        raise RuntimeError("SQLite did not return the type witness row first; cannot fix the column types")
+    return table.slice(1)
+
+
+def _as_storage_schema(raw: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The raw ADBC result with the spec's types: NaN flags applied, 0/1 integers as booleans."""
+    arrays = []
+    for field in schema:
+        column = raw.column(field.name)
+        flag = _NAN_FLAG.format(field.name)
+        if flag in raw.column_names:
+            column = pc.if_else(pc.not_equal(raw.column(flag), 0), math.nan, column.cast(pa.float64()))
+        elif pa.types.is_boolean(field.type) and not pa.types.is_boolean(column.type):
+            column = pc.not_equal(column, 0)
+        arrays.append(column.cast(field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _any_row(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, include_tombstones: bool) -> bool:
+    """Whether the range holds a row: one index probe through the store's own connection."""
+    try:
+        return bool(store.scan(spec.table_id, first_token, last_token, limit=1, include_tombstones=include_tombstones))
+    except KeyError:
+        return False
+
+
+def read_token_range(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, *,
+                     include_tombstones: bool = False, batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.Table:
+    """The rows with first_token <= token <= last_token in the storage layout, from one read snapshot.
+
+    Live rows only unless `include_tombstones` (see the module docstring); record batches of about
+    `batch_rows` rows. A range without rows (or a store without the table) costs one index probe on the
+    store's own connection and returns an empty table of `storage_schema(spec)`: no ADBC, no child process.
+    """
+    schema = storage_schema(spec)
+    if not _any_row(store, spec, first_token, last_token, include_tombstones):
+        return schema.empty_table()
+    backend = _backend(store)
+    params = (first_token, last_token)
+    if backend.sqlite:
+        sql = _sqlite_read_sql(spec, include_tombstones)
+        raw = _from_ipc(_SQLITE_CHILDREN.run("read", backend, sql, params, batch_rows))
+    else:
+        raw = _read_snapshot(backend, _postgres_read_sql(spec, include_tombstones), params, batch_rows)
+    return _as_storage_schema(raw, schema)
+
+
+# --- merging ---------------------------------------------------------------------------------------------
+
+
+def _checked_column(rows: pa.Table, name: str, arrow: pa.DataType, nullable: bool) -> pa.ChunkedArray:
+    if name not in rows.column_names:
+        raise ValueError(f"view rows lack column {name!r}; expected the columns of view_rows_schema")
+    column = rows.column(name)
+    if not nullable and column.null_count:
+        raise ValueError(f"view rows have NULL in column {name!r}, which cannot be null")
+    try:
+        return column.cast(arrow)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise TypeError(f"view rows column {name!r} ({column.type}) cannot be read as {arrow}: {error}") from None
+
+
+def _bind_type(column_type: str) -> pa.DataType:
+    """The Arrow type a value is bound as: every integer as int64 (the stored BIGINT)."""
+    return pa.int64() if _STORED_KIND[column_type] == "int" else arrow_type(column_type)
+
+
+def prepare_view_rows(spec: TableSpec, rows: pa.Table) -> pa.Table:
+    """The view rows checked, cast to the bound types and sorted by primary key (stable: equal keys keep order)."""
+    fields = [("token", pa.int64(), False)]
+    fields += [(value_column_name(c.name), _bind_type(c.type), False) for c in spec.key_columns]
+    fields += [(value_column_name(c.name), _bind_type(c.type), True) for c in spec.regular]
+    fields += [(TS, pa.int64(), False)]
+    arrays = [_checked_column(rows, name, arrow, nullable) for name, arrow, nullable in fields]
+    table = pa.Table.from_arrays(arrays, names=[name for name, _, _ in fields])
+    return table.sort_by([(name, "ascending") for name in _key_names(spec)])
+
+
+# The statement: INSERT the row as the upsert makes it; ON CONFLICT merge it cell by cell, WHERE anything wins.
+
+
+def _greater(column: ColumnSpec, incoming: str, stored: str, backend: _Backend) -> str:
+    """SQL for `incoming > stored` in the canonical value order of storage.cells (both non-NULL, same type)."""
+    if backend.sqlite:
+        return f"{incoming} > {stored}"  # BINARY text = UTF-8 bytes; the text 'NaN' sorts above every REAL
+    if column.type == "text":
+        return f'{incoming} COLLATE "C" > {stored} COLLATE "C"'
+    if column.type == "double":  # PostgreSQL orders NaN above all and -0 = 0; totalOrder puts -0.0 below 0.0
+        return (f"({incoming} > {stored} OR ({incoming} = 0 AND {stored} = 0 "
+                f"AND CAST({incoming} AS text) = '0' AND CAST({stored} AS text) = '-0'))")
+    return f"{incoming} > {stored}"
+
+
+def _cell_wins(column: ColumnSpec, backend: _Backend) -> str:
+    """Whether the incoming cell beats the stored one (no stored cell, newer, or the tie rule of storage.cells)."""
+    value, ts = _quote(value_column_name(column.name)), _quote(ts_column_name(column.name))
+    greater = _greater(column, f"excluded.{value}", f"cur.{value}", backend)
+    return (f"(cur.{ts} IS NULL OR excluded.{ts} > cur.{ts} OR (excluded.{ts} = cur.{ts} "
+            f"AND cur.{value} IS NOT NULL AND (excluded.{value} IS NULL OR {greater})))")
+
+
+def _newer_or_missing(name: str) -> str:
+    return f"(cur.{name} IS NULL OR excluded.{name} > cur.{name})"
+
+
+def _update_assignments(spec: TableSpec, backend: _Backend) -> list[str]:
+    assignments = []
+    for column in spec.regular:
+        wins = _cell_wins(column, backend)
+        for name in (value_column_name(column.name), ts_column_name(column.name)):
+            quoted = _quote(name)
+            assignments.append(f"{quoted} = CASE WHEN {wins} THEN excluded.{quoted} ELSE cur.{quoted} END")
+    marker = f"CASE WHEN {_newer_or_missing('marker_ts')} THEN excluded.marker_ts ELSE cur.marker_ts END"
+    return assignments + [
+        f"marker_ts = {marker}",
+        f"tombstone = CASE WHEN cur.tomb_ts IS NULL OR {marker} > cur.tomb_ts THEN false ELSE true END",
+        "write_ts = CASE WHEN excluded.write_ts > cur.write_ts THEN excluded.write_ts ELSE cur.write_ts END",
+        "view_ts = CASE WHEN cur.view_ts IS NULL OR excluded.write_ts > cur.view_ts + 1 "
+        "THEN excluded.write_ts ELSE cur.view_ts + 1 END",
+    ]
+
+
+def _on_conflict(spec: TableSpec, backend: _Backend) -> str:
+    changed = " OR ".join([_newer_or_missing("marker_ts")] + [_cell_wins(c, backend) for c in spec.regular])
+    return (f"ON CONFLICT ({', '.join(_quote(n) for n in _key_names(spec))}) DO UPDATE SET "
+            f"{', '.join(_update_assignments(spec, backend))} WHERE {changed}")
+
+
+def _insert_head(spec: TableSpec) -> str:
+    names = _key_names(spec)
+    for column in spec.regular:
+        names += [value_column_name(column.name), ts_column_name(column.name)]
+    names += list(ROW_COLUMNS)
+    return f"INSERT INTO {_quote(physical_table_name(spec.table_id))} AS cur ({', '.join(_quote(n) for n in names)})"
+
+
+def _inserted_values(spec: TableSpec, value) -> list[str]:
+    """The inserted row's SQL values, `value(input column name)` giving an input value (upsert_row's layout)."""
+    ts = value(TS)
+    values = [value(name) for name in _key_names(spec)]
+    for column in spec.regular:
+        values += [value(value_column_name(column.name)), ts]
+    return values + [ts, "NULL", ts, ts, "false"]  # marker_ts, tomb_ts, view_ts, write_ts, tombstone
+
+
+# SQLite: one bound statement executed for every row (ADBC binds Arrow). SQLite binds a NaN as NULL, so a
+# double is bound with a NaN flag and stored as the text 'NaN', as the store does.
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """One bound parameter: the input column it comes from and whether it is that column's NaN flag."""
+
+    column: str
+    nan_flag: bool = False
+
+
+def _sqlite_parameters(spec: TableSpec) -> list[_Bound]:
+    bound = [_Bound("token")]
+    for c in spec.key_columns + spec.regular:
+        bound.append(_Bound(value_column_name(c.name)))
+        if c.type == "double":
+            bound.append(_Bound(value_column_name(c.name), nan_flag=True))
+    return bound + [_Bound(TS)]
+
+
+def sqlite_upsert_sql(spec: TableSpec) -> str:
+    """The bound last-write-wins upsert of one view row (placeholders in `_sqlite_parameters` order)."""
+    bound = _sqlite_parameters(spec)
+    doubles = {value_column_name(c.name) for c in spec.columns if c.type == "double"}
+
+    def value(name: str) -> str:
+        placeholder = f"?{bound.index(_Bound(name)) + 1}"
+        if name not in doubles:
+            return placeholder
+        return f"CASE WHEN ?{bound.index(_Bound(name, True)) + 1} THEN 'NaN' ELSE {placeholder} END"
+
+    values = ", ".join(_inserted_values(spec, value))
+    return f"{_insert_head(spec)} VALUES ({values}) {_on_conflict(spec, _Backend(True, ''))}"
+
+
+def _sqlite_bind_table(chunk: pa.RecordBatch, bound: list[_Bound]) -> pa.RecordBatch:
+    arrays = []
+    for parameter in bound:
+        column = chunk.column(parameter.column)
+        arrays.append(pc.fill_null(pc.is_nan(column), False) if parameter.nan_flag else column)
+    return pa.RecordBatch.from_arrays(arrays, names=[f"p{i}" for i in range(len(arrays))])
+
+
+def _merge_sqlite(backend: _Backend, sql: str, params: pa.Table) -> int:
+    """(In a child process) one chunk in one BEGIN IMMEDIATE transaction, synchronous commit; rows changed."""
+    with _connect(backend) as conn:
+        cursor = conn.cursor()
+        _execute(cursor, "PRAGMA synchronous=FULL")
+        _execute(cursor, f"PRAGMA cache_size=-{SQLITE_MERGE_CACHE_KIB}")
+        with _transaction(cursor, "BEGIN IMMEDIATE"):
+            before = _scalar(cursor, "SELECT total_changes()")
+            cursor.executemany(sql, params)
+            return int(_scalar(cursor, "SELECT total_changes()")) - int(before)
+
+
+# PostgreSQL: a bound statement per row costs a round trip (100k rows: 10.8 s measured), so the chunk is
+# copied into a temporary table (ADBC ingest = COPY) and merged with INSERT ... SELECT. One statement may not
+# touch a row twice, so rows repeating a key go in later rounds (round = occurrence of the key in the chunk).
+
+_STAGE = "vbc_merge_stage"
+_ROUND = "merge_round"
+
+
+def postgres_merge_sql(spec: TableSpec, merge_round: int | None = None) -> str:
+    """INSERT ... SELECT from the staging table (only `merge_round` if given) ... ON CONFLICT merge."""
+    values = ", ".join(_inserted_values(spec, _quote))
+    where = "" if merge_round is None else f" WHERE {_ROUND} = {int(merge_round)}"
+    return f"{_insert_head(spec)} SELECT {values} FROM {_STAGE}{where} {_on_conflict(spec, _Backend(False, ''))}"
+
+
+def _same_as_previous(column: pa.Array) -> pa.Array:
+    """Row i (from 1) equals row i-1 (NaN equal to NaN, as PostgreSQL compares keys)."""
+    current, previous = column.slice(1), column.slice(0, len(column) - 1)
+    same = pc.equal(current, previous)
+    if pa.types.is_floating(column.type):
+        same = pc.or_(same, pc.and_(pc.is_nan(current), pc.is_nan(previous)))
+    return same
+
+
+def key_occurrences(chunk: pa.RecordBatch, spec: TableSpec) -> pa.Array | None:
+    """For rows sorted by key: how many earlier rows of the chunk have the same key; None if every key is unique."""
+    if chunk.num_rows < 2:
+        return None
+    same = None
+    for name in _key_names(spec):
+        equal = _same_as_previous(chunk.column(name))
+        same = equal if same is None else pc.and_(same, equal)
+    if not pc.any(same).as_py():
+        return None
+    starts = pa.concat_arrays([pa.array([True]), pc.invert(same)])
+    index = pa.array(range(chunk.num_rows), pa.int64())
+    return pc.subtract(index, pc.cumulative_max(pc.if_else(starts, index, 0)))
+
+
+def _merge_postgres(backend: _Backend, spec: TableSpec, chunk: pa.RecordBatch) -> int:
+    """One chunk in one transaction under the store's advisory lock, synchronous commit; rows changed."""
+    occurrences = key_occurrences(chunk, spec)
+    stage = chunk if occurrences is None else chunk.append_column(_ROUND, occurrences)
+    rounds = 1 if occurrences is None else pc.max(occurrences).as_py() + 1
+    changed = 0
+    with _connect(backend) as conn:
+        cursor = conn.cursor()
+        with _transaction(cursor, "BEGIN"):
+            _scalar(cursor, f"SELECT 1 FROM (SELECT pg_advisory_xact_lock({PG_WRITER_LOCK_ID})) AS locked")
+            _execute(cursor, "SET LOCAL synchronous_commit = on")
+            cursor.adbc_ingest(_STAGE, stage, mode="create", temporary=True)
+            for number in range(rounds):
+                _execute(cursor, postgres_merge_sql(spec, None if occurrences is None else number))
+                changed += max(cursor.rowcount, 0)  # a statement with bound parameters would report -1
+            _execute(cursor, f"DROP TABLE {_STAGE}")
+    return changed
+
+
+def _chunk_merger(spec: TableSpec, backend: _Backend):
+    """(prepare, merge): prepare(chunk) runs before the writer lock is taken, merge(prepared) under it."""
+    if not backend.sqlite:
+        return (lambda chunk: chunk), (lambda chunk: _merge_postgres(backend, spec, chunk))
+    sql, bound = sqlite_upsert_sql(spec), _sqlite_parameters(spec)
+    return ((lambda chunk: _to_ipc(_sqlite_bind_table(chunk, bound))),
+            (lambda params: _SQLITE_CHILDREN.run("merge", backend, sql, params)))
+
+
+def merge_view_rows(store: NodeStore, view_spec: TableSpec, rows: pa.Table, *,
+                    chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
+    """Merge computed view rows (`view_rows_schema`) into the view's table; the number of rows changed.
+
+    See the module docstring for the semantics. The view's table must exist (KeyError otherwise: the caller
+    creates it, so a dropped view is never brought back). ValueError for a missing column or a NULL token,
+    key or `ts`; TypeError for a column that cannot be cast to its type.
+    """
+    store.table_spec(view_spec.table_id)
+    if rows.num_rows == 0:
+        return 0
+    prepared = prepare_view_rows(view_spec, rows)
+    prepare_chunk, merge_chunk = _chunk_merger(view_spec, _backend(store))
+    changed = 0
+    for chunk in prepared.to_batches(max_chunksize=max(1, chunk_rows)):
+        payload = prepare_chunk(chunk)
+        with store.writer_lock():
+            changed += merge_chunk(payload)
+    return changed
+
+
+def _child_read(backend: _Backend, sql: str, params: tuple, batch_rows: int) -> bytes:
+    return _to_ipc(_read_snapshot(backend, sql, params, batch_rows))
+
+
+def _child_merge(backend: _Backend, sql: str, params: bytes) -> int:
+    return _merge_sqlite(backend, sql, _from_ipc(params))
+
+
+_CHILD_FUNCTIONS = {"read": _child_read, "merge": _child_merge}  # what a child process answers

@@ -1,0 +1,116 @@
+"""The worker's durable ledger of finished view building task ids: its own SQLite file in the node's data directory.
+
+A task id is recorded once its view rows are durably applied at every destination; a call naming only
+recorded tasks is answered at once, also after a restart. `record` returns after a synchronous commit
+(WAL, `synchronous=FULL`: the WAL is fsynced at every commit), so an id it returned for survives a crash of
+the process or of the machine. The worker prunes ids group0 no longer holds (`prune(keep)`), so the ledger
+stays as small as the task table.
+
+Why a file of its own rather than a table in the node store: the store may be PostgreSQL (the ledger is
+local to the node's data directory whatever the storage URL), and the store's writer lock is held by live
+writes and by view-row merges for seconds at a time, which must not delay answering from the ledger.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+FILE_NAME = "view_building_ledger.db"
+CHUNK = 500  # ids per statement (SQLite allows 32766 bound parameters; keep statements small)
+
+
+def _configure(engine: sa.Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection, _record) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+
+def _chunks(ids: list[str]) -> Iterator[list[str]]:
+    for start in range(0, len(ids), CHUNK):
+        yield ids[start:start + CHUNK]
+
+
+def _checked(task_ids: Iterable[str]) -> list[str]:
+    ids = sorted(set(task_ids))
+    for task_id in ids:
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError(f"a task id must be a non-empty string, got {task_id!r}")
+    return ids
+
+
+class FinishedTaskLedger:
+    """The set of finished task ids, kept in `path` (an SQLite file, created if missing). Thread-safe."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._engine = sa.create_engine(sa.URL.create("sqlite", database=str(self.path)),
+                                        connect_args={"check_same_thread": False})
+        _configure(self._engine)
+        self._table = sa.Table("finished_tasks", sa.MetaData(), sa.Column("task_id", sa.Text, primary_key=True))
+        self._write_lock = threading.Lock()
+        with self._engine.begin() as conn:
+            self._table.metadata.create_all(conn)
+
+    @classmethod
+    def for_data_dir(cls, data_dir: str | Path) -> FinishedTaskLedger:
+        directory = Path(data_dir).resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        return cls(directory / FILE_NAME)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> FinishedTaskLedger:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def record(self, task_ids: Iterable[str]) -> None:
+        """Add the ids (already recorded ones are kept); durable when this returns."""
+        ids = _checked(task_ids)
+        if not ids:
+            return
+        statement = sqlite_insert(self._table).on_conflict_do_nothing(index_elements=["task_id"])
+        with self._write_lock, self._engine.begin() as conn:
+            conn.execute(statement, [{"task_id": task_id} for task_id in ids])
+
+    def finished(self, task_ids: Iterable[str]) -> set[str]:
+        """The given ids that are recorded."""
+        ids = _checked(task_ids)
+        found: set[str] = set()
+        with self._engine.connect() as conn:
+            for chunk in _chunks(ids):
+                column = self._table.c.task_id
+                found.update(conn.execute(sa.select(column).where(column.in_(chunk))).scalars())
+        return found
+
+    def all(self) -> set[str]:
+        """Every recorded id (what a worker loads when it starts)."""
+        with self._engine.connect() as conn:
+            return set(conn.execute(sa.select(self._table.c.task_id)).scalars())
+
+    def prune(self, keep: Iterable[str]) -> int:
+        """Remove every id not in `keep` (the ids group0 still holds); the number of ids removed."""
+        keep = set(keep)
+        with self._write_lock, self._engine.begin() as conn:
+            stale = sorted(set(conn.execute(sa.select(self._table.c.task_id)).scalars()) - keep)
+            for chunk in _chunks(stale):
+                conn.execute(self._table.delete().where(self._table.c.task_id.in_(chunk)))
+        return len(stale)
+
+    def forget(self, task_ids: Iterable[str]) -> None:
+        """Remove the given ids (ids never recorded are ignored): `prune` when the caller computed the difference."""
+        ids = _checked(task_ids)
+        with self._write_lock, self._engine.begin() as conn:
+            for chunk in _chunks(ids):
+                conn.execute(self._table.delete().where(self._table.c.task_id.in_(chunk)))

@@ -1,0 +1,117 @@
+"""Tests of storage.ledger.FinishedTaskLedger: durable, idempotent, prunable."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from storage.ledger import FILE_NAME, FinishedTaskLedger
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def task_ids(count: int) -> list[str]:
+    return [str(uuid.uuid4()) for _ in range(count)]
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    opened = FinishedTaskLedger.for_data_dir(tmp_path)
+    yield opened
+    opened.close()
+
+
+def test_recorded_ids_are_finished_and_others_are_not(ledger):
+    done, pending = task_ids(3), task_ids(2)
+    ledger.record(done)
+    assert ledger.finished(done + pending) == set(done)
+    assert ledger.finished([]) == set()
+    assert ledger.all() == set(done)
+
+
+def test_record_is_idempotent(ledger):
+    ids = task_ids(4)
+    ledger.record(ids[:3])
+    ledger.record(ids[:3])
+    ledger.record(ids[1:] + ids[1:])
+    ledger.record([])
+    assert ledger.all() == set(ids)
+
+
+def test_invalid_ids_are_refused(ledger):
+    with pytest.raises(ValueError):
+        ledger.record(["ok", ""])
+    with pytest.raises(ValueError):
+        ledger.record([None])
+    assert ledger.all() == set()
+
+
+def test_the_ledger_survives_reopening(tmp_path):
+    ids = task_ids(5)
+    with FinishedTaskLedger.for_data_dir(tmp_path) as first:
+        first.record(ids)
+    assert (tmp_path / FILE_NAME).exists()
+    with FinishedTaskLedger.for_data_dir(tmp_path) as second:
+        assert second.all() == set(ids)
+        assert second.finished(ids[:2]) == set(ids[:2])
+
+
+def test_prune_keeps_only_the_ids_group0_holds(ledger):
+    ids = task_ids(6)
+    ledger.record(ids)
+    assert ledger.prune(set(ids[:2]) | {"never-recorded"}) == 4
+    assert ledger.all() == set(ids[:2])
+    assert ledger.prune(set(ids)) == 0
+    assert ledger.prune(set()) == 2
+    assert ledger.all() == set()
+
+
+def test_forget_removes_exactly_the_given_ids(ledger):
+    ids = task_ids(4)
+    ledger.record(ids)
+    ledger.forget(ids[:2] + ["never-recorded"])
+    ledger.forget([])
+    assert ledger.all() == set(ids[2:])
+
+
+def test_large_sets_go_in_chunks(ledger):
+    ids = task_ids(2_345)
+    ledger.record(ids)
+    assert ledger.finished(ids[::2] + task_ids(10)) == set(ids[::2])
+    assert ledger.prune(ids[:1_000]) == 1_345
+    ledger.forget(ids[:600])
+    assert ledger.all() == set(ids[600:1_000])
+
+
+def test_concurrent_records_lose_nothing(ledger):
+    batches = [task_ids(50) for _ in range(8)]
+    threads = [threading.Thread(target=ledger.record, args=(batch,)) for batch in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert ledger.all() == {task_id for batch in batches for task_id in batch}
+
+
+CRASHING_WRITER = """
+import os, sys
+from storage.ledger import FinishedTaskLedger
+ledger = FinishedTaskLedger.for_data_dir(sys.argv[1])
+ledger.record(sys.argv[2:])
+os._exit(0)  # no close, no atexit, no garbage collection: a crash right after record returned
+"""
+
+
+@pytest.mark.integration
+def test_an_id_recorded_right_before_a_crash_survives(tmp_path):
+    ids = task_ids(20)
+    with FinishedTaskLedger.for_data_dir(tmp_path) as ledger:
+        ledger.record(ids[:5])
+    subprocess.run([sys.executable, "-c", CRASHING_WRITER, str(tmp_path), *ids[5:]], cwd=ROOT, check=True,
+                   timeout=60)
+    with FinishedTaskLedger.for_data_dir(tmp_path) as reopened:
+        assert reopened.all() == set(ids)

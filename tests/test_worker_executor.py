@@ -1,0 +1,151 @@
+"""The worker executor on real threads: jobs per batch, durable ledger before answers, attach, cancel, failure."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from coordinator.core.errors import Unavailable
+from coordinator.core.schema import TASK_BUILD_RANGE, Replica, Task
+from worker.executor import BatchCancelled, WorkerExecutor
+
+BASE = "b" * 32
+WAIT = 10
+
+
+class MemoryLedger:
+    """The ledger's contract in memory; `events` shows when ids became durable relative to the answers."""
+
+    def __init__(self, ids=()):
+        self.ids = set(ids)
+        self.events = []
+
+    def all(self):
+        return set(self.ids)
+
+    def record(self, task_ids):
+        self.ids.update(task_ids)
+        self.events.append(("record", tuple(task_ids)))
+
+    def forget(self, task_ids):
+        self.ids.difference_update(task_ids)
+
+
+class Jobs:
+    """A run_batch that blocks each job until the test releases (or fails) it."""
+
+    def __init__(self):
+        self.started = []
+        self.release = {}
+        self.cond = threading.Condition()
+
+    def __call__(self, start, control):
+        gate = threading.Event()
+        with self.cond:
+            self.started.append((start, control))
+            self.release[start.batch_id] = gate
+            self.cond.notify_all()
+        gate.wait(WAIT)
+        if control.cancelled.is_set():
+            raise BatchCancelled()
+        if getattr(gate, "error", None):
+            raise gate.error
+        return 100 * len(control.tasks)
+
+    def wait_started(self, count):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.started) >= count, WAIT)
+
+    def finish(self, batch_id, error=None):
+        gate = self.release[batch_id]
+        gate.error = error
+        gate.set()
+
+
+def task(task_id, view="v1", shard=0):
+    return Task(task_id, TASK_BUILD_RANGE, BASE, view, Replica("n1", shard), 0)
+
+
+@pytest.fixture
+def worker():
+    tasks = {t.id: t for t in (task("a", "v1"), task("b", "v2"), task("c", "v1", shard=1))}
+    ledger, jobs = MemoryLedger(), Jobs()
+    executor = WorkerExecutor("n1", ledger, lambda: dict(tasks), jobs)
+    yield executor, tasks, ledger, jobs
+    for gate in jobs.release.values():
+        gate.set()
+    executor.close()
+
+
+def call(executor, *args):
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(answer=executor.work(*args, timeout=WAIT)), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_a_batch_runs_once_for_repeated_calls_and_is_recorded_before_the_answer(worker):
+    executor, _, ledger, jobs = worker
+    first, first_result = call(executor, 1, 0, ["a", "b"])
+    jobs.wait_started(1)
+    second, second_result = call(executor, 1, 0, ["b", "a"])  # a repeated call attaches
+    jobs.finish(jobs.started[0][0].batch_id)
+    first.join(WAIT), second.join(WAIT)
+    assert len(jobs.started) == 1
+    assert set(first_result["answer"].finished) == {"a", "b"} == set(second_result["answer"].finished)
+    assert first_result["answer"].rows_scanned == 200
+    assert ledger.events == [("record", ("a", "b"))] and executor.counters.tasks_finished == 2
+
+
+def test_finished_ids_are_answered_from_the_ledger_after_a_restart(worker):
+    _, tasks, _, jobs = worker
+    restarted = WorkerExecutor("n1", MemoryLedger({"a"}), lambda: dict(tasks), jobs)
+    try:
+        assert restarted.work(1, 0, ["a"], timeout=WAIT).finished == ("a",)
+        assert jobs.started == [] and restarted.counters.tasks_answered_from_ledger == 1
+    finally:
+        restarted.close()
+
+
+def test_shards_run_in_parallel_and_a_busy_shard_refuses_other_work(worker):
+    executor, _, _, jobs = worker
+    call(executor, 1, 0, ["a"])
+    call(executor, 1, 1, ["c"])
+    jobs.wait_started(2)
+    with pytest.raises(Unavailable, match="busy"):
+        executor.work(1, 0, ["b"])
+    assert executor.running_batches() == 2
+
+
+def test_a_failed_batch_reports_the_error_and_records_nothing(worker):
+    executor, _, ledger, jobs = worker
+    thread, result = call(executor, 1, 0, ["a"])
+    jobs.wait_started(1)
+    jobs.finish(jobs.started[0][0].batch_id, error=Unavailable("view replica n2 is down"))
+    thread.join(WAIT)
+    assert result["answer"].error == "view replica n2 is down" and result["answer"].finished == ()
+    assert ledger.ids == set() and executor.counters.batches_failed == 1
+
+
+def test_a_dropped_view_leaves_the_batch_and_the_last_one_cancels_it(worker):
+    executor, tasks, ledger, jobs = worker
+    thread, result = call(executor, 1, 0, ["a", "b"])
+    jobs.wait_started(1)
+    start, control = jobs.started[0]
+    del tasks["b"]
+    executor.tasks_changed()
+    assert set(control.tasks) == {"a"} and not control.cancelled.is_set()
+    del tasks["a"]
+    executor.tasks_changed()
+    assert control.cancelled.is_set()
+    thread.join(WAIT)
+    assert result["answer"].finished == () and ledger.ids == set()
+
+
+def test_a_caller_that_stops_waiting_gets_unavailable_and_the_batch_goes_on(worker):
+    executor, _, ledger, jobs = worker
+    with pytest.raises(Unavailable, match="still running"):
+        executor.work(1, 0, ["a"], timeout=0.05)
+    jobs.finish(jobs.started[0][0].batch_id)
+    assert executor.work(1, 0, ["a"], timeout=WAIT).finished == ("a",)
+    assert ledger.ids == {"a"}

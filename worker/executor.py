@@ -1,0 +1,180 @@
+"""Carries out the worker's batch bookkeeping (worker/tasks.py): runs batch jobs on threads, keeps the ledger durable."""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from coordinator.core.errors import CoreError, Unavailable
+from coordinator.core.schema import Task
+
+from worker.tasks import (
+    Answer,
+    CancelBatch,
+    Instruction,
+    PruneLedger,
+    RecordFinished,
+    StartBatch,
+    TasksLeftBatch,
+    WorkerTasks,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Ledger(Protocol):
+    """The durable set of finished task ids (storage/ledger.py)."""
+
+    def all(self) -> set[str]: ...
+
+    def record(self, task_ids: Iterable[str]) -> None: ...
+
+    def forget(self, task_ids: Iterable[str]) -> None: ...
+
+
+@dataclass
+class BatchControl:
+    """What a running job sees of its batch: the tasks still in it, and whether it was cancelled."""
+
+    tasks: dict[str, Task]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def live_tasks(self) -> list[Task]:
+        return list(self.tasks.values())
+
+
+class BatchCancelled(Exception):
+    """Raised by a job that noticed its batch was cancelled (every task left it)."""
+
+
+@dataclass
+class WorkerCounters:
+    batches_started: int = 0
+    batches_failed: int = 0
+    tasks_finished: int = 0
+    tasks_answered_from_ledger: int = 0
+    rows_scanned: int = 0
+
+
+RunBatch = Callable[[StartBatch, BatchControl], int]
+
+
+class WorkerExecutor:
+    """One node's worker: answers calls (blocking until their batch ends), runs one job per started batch."""
+
+    def __init__(self, node_id: str, ledger: Ledger, read_tasks: Callable[[], Mapping[str, Task]],
+                 run_batch: RunBatch, max_parallel: int = 4):
+        self._ledger = ledger
+        self._read_tasks = read_tasks
+        self._run_batch = run_batch
+        self._book = WorkerTasks(node_id, ledger.all())
+        self._lock = threading.Lock()
+        self._answers: dict[object, Future] = {}
+        self._controls: dict[int, BatchControl] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="view-build")
+        self.counters = WorkerCounters()
+
+    def work(self, term: int, shard: int, task_ids: list[str], timeout: float | None = None) -> Answer:
+        """Handle one WorkOnViewBuildingTasks call; returns when its ids are finished or its batch failed."""
+        caller, answer = object(), Future()
+        with self._lock:
+            self._answers[caller] = answer
+            try:
+                instructions = self._book.work(caller, term, shard, task_ids, self._read_tasks())
+                if instructions and all(isinstance(i, Answer) for i in instructions):
+                    self.counters.tasks_answered_from_ledger += sum(len(i.finished) for i in instructions)
+                self._carry_out(instructions)
+            except BaseException:
+                self._answers.pop(caller, None)
+                raise
+        try:
+            return answer.result(timeout)
+        except TimeoutError:
+            raise Unavailable(f"the batch of {', '.join(task_ids)} is still running; call again to wait for it") from None
+        finally:
+            with self._lock:
+                self._answers.pop(caller, None)
+
+    def tasks_changed(self) -> None:
+        """group0 applied something: tasks deleted or aborted leave their batches."""
+        with self._lock:
+            self._carry_out(self._book.tasks_changed(self._read_tasks()))
+
+    def prune(self) -> None:
+        """Forget ledger ids group0 no longer holds; only once this node caught up with group0."""
+        with self._lock:
+            self._carry_out(self._book.prune(self._read_tasks()))
+
+    def running_batches(self) -> int:
+        with self._lock:
+            return len(self._book.batches())
+
+    def close(self) -> None:
+        with self._lock:
+            for control in self._controls.values():
+                control.cancelled.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------ instructions
+
+    def _carry_out(self, instructions: list[Instruction]) -> None:
+        for instruction in instructions:
+            self._HANDLERS[type(instruction)](self, instruction)
+
+    def _start(self, start: StartBatch) -> None:
+        control = BatchControl({t.id: t for t in start.tasks})
+        self._controls[start.batch_id] = control
+        self.counters.batches_started += 1
+        self._pool.submit(self._run, start, control)
+
+    def _tasks_left(self, left: TasksLeftBatch) -> None:
+        control = self._controls.get(left.batch_id)
+        for task_id in left.task_ids if control else ():
+            control.tasks.pop(task_id, None)
+
+    def _cancel(self, cancel: CancelBatch) -> None:
+        control = self._controls.pop(cancel.batch_id, None)
+        if control is not None:
+            control.cancelled.set()
+
+    def _record(self, record: RecordFinished) -> None:
+        self._ledger.record(record.task_ids)
+        self.counters.tasks_finished += len(record.task_ids)
+
+    def _answer(self, answer: Answer) -> None:
+        future = self._answers.get(answer.caller)
+        if future is not None and not future.done():
+            future.set_result(answer)
+
+    def _prune(self, prune: PruneLedger) -> None:
+        self._ledger.forget(prune.task_ids)
+
+    _HANDLERS = {StartBatch: _start, TasksLeftBatch: _tasks_left, CancelBatch: _cancel,
+                 RecordFinished: _record, Answer: _answer, PruneLedger: _prune}
+
+    # ------------------------------------------------------------ the job
+
+    def _run(self, start: StartBatch, control: BatchControl) -> None:
+        try:
+            rows = self._run_batch(start, control)
+        except BatchCancelled:
+            return
+        except Exception as error:  # noqa: BLE001 - a failed batch is reported to its callers, who retry
+            self._failed(start, error)
+            return
+        with self._lock:
+            self._controls.pop(start.batch_id, None)
+            self.counters.rows_scanned += rows
+            self._carry_out(self._book.batch_succeeded(start.batch_id, self._read_tasks(), rows_scanned=rows))
+
+    def _failed(self, start: StartBatch, error: Exception) -> None:
+        message = error.message if isinstance(error, CoreError) else f"{type(error).__name__}: {error}"
+        if not isinstance(error, CoreError):
+            log.exception("view building batch %s (%s) failed", start.batch_id, ", ".join(start.task_ids))
+        with self._lock:
+            self._controls.pop(start.batch_id, None)
+            self.counters.batches_failed += 1
+            self._carry_out(self._book.batch_failed(start.batch_id, message))

@@ -1,0 +1,259 @@
+"""One SparkSession per node: started lazily, bounded memory, Arrow on, UI off, JVM output in the node's log."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+jvm_log = logging.getLogger(__name__ + ".jvm")
+
+_LEVELS = {"FATAL": logging.CRITICAL, "ERROR": logging.ERROR, "WARN": logging.WARNING,
+           "INFO": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": logging.DEBUG}
+_LEVEL_PREFIX = re.compile(r"^(FATAL|ERROR|WARN|INFO|DEBUG|TRACE) ")
+
+# log4j2 configuration of the JVM: one console line per event ("LEVEL logger: message"), parsed by
+# `_forward_jvm_output` into Python logging records.
+_LOG4J2 = """\
+status = error
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %p %c{{1}}: %m%n%ex
+rootLogger.level = {level}
+rootLogger.appenderRef.console.ref = console
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = error
+logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoop.level = error
+logger.sparkconf.name = org.apache.spark.SparkConf
+logger.sparkconf.level = error
+"""
+
+
+def default_master() -> str:
+    """`local[N]` with N the number of CPUs of this machine."""
+    return f"local[{os.cpu_count() or 1}]"
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    """How a node's Spark session is started (`data_dir` None: Spark's own temporary directories)."""
+
+    master: str = field(default_factory=default_master)
+    driver_memory: str = "1g"
+    data_dir: str | None = None
+    max_records_per_batch: int = 100_000
+    shuffle_partitions: int = 2
+    jvm_log_level: str = "WARN"
+    extra: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def spark_dir(self) -> Path | None:
+        return None if self.data_dir is None else Path(self.data_dir) / "spark"
+
+    def local_dir(self) -> Path | None:
+        """Spark's scratch space (shuffle and spill files)."""
+        return None if self.spark_dir is None else self.spark_dir / "local"
+
+    def log_dir(self) -> Path | None:
+        """Where the JVM's log configuration (and event logs, if enabled) go."""
+        return None if self.spark_dir is None else self.spark_dir / "logs"
+
+
+def spark_conf(config: SparkConfig, log4j_file: Path) -> dict[str, str]:
+    """The Spark properties a node's session starts with."""
+    conf = {
+        "spark.master": config.master,
+        "spark.app.name": "vbc-view-builder",
+        "spark.driver.memory": config.driver_memory,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(config.max_records_per_batch),
+        "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.caseSensitive": "true",  # quoted CQL names keep their case: "X" and x are two columns
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j_file.as_uri()}",
+    }
+    if config.master.startswith("local"):
+        conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+    if config.spark_dir is not None:
+        conf.update({"spark.local.dir": str(config.local_dir()),
+                     "spark.sql.warehouse.dir": str(config.spark_dir / "warehouse")})
+    conf.update(dict(config.extra))
+    return conf
+
+
+def _write_log4j_config(config: SparkConfig) -> Path:
+    directory = config.log_dir()
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="vbc-spark-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    if config.local_dir() is not None:
+        config.local_dir().mkdir(parents=True, exist_ok=True)
+    path = directory / "log4j2.properties"
+    path.write_text(_LOG4J2.format(level=config.jvm_log_level.lower()))
+    return path
+
+
+def _forward_jvm_output(stream) -> None:
+    """Turn the JVM's output lines into log records (a line without a level continues the previous one)."""
+    level = logging.INFO  # the launcher's notes before log4j starts
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip()
+        if not line:
+            continue
+        prefix = _LEVEL_PREFIX.match(line)
+        if prefix:
+            level = _LEVELS[prefix.group(1)]
+            line = line[prefix.end():]
+        jvm_log.log(level, "%s", line)
+    stream.close()
+
+
+class _Jvm:
+    """The process's one Spark driver (SparkContext is a per-process singleton); shared by reference count.
+
+    It launches the driver JVM unless one already runs in the process (then it only creates a SparkContext
+    there, or uses the active one), and on the last release stops only what it started.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.session = None
+        self.owners = 0
+        self.proc: subprocess.Popen | None = None
+        self.owns_context = False
+
+    def acquire(self, config: SparkConfig):
+        with self.lock:
+            if self.session is None:
+                self.session = self._start_or_clean_up(config)
+            self.owners += 1
+            return self.session
+
+    def release(self) -> None:
+        with self.lock:
+            self.owners -= 1
+            if self.owners == 0 and self.session is not None:
+                self._stop()
+
+    def _start_or_clean_up(self, config: SparkConfig):
+        try:
+            return self._start(config)
+        except BaseException:
+            self._end_jvm()
+            raise
+
+    def _start(self, config: SparkConfig):
+        from pyspark import SparkConf, SparkContext
+        from pyspark.sql import SparkSession
+
+        started = time.monotonic()
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every gateway connection at INFO
+        conf = SparkConf(loadDefaults=False).setAll(list(spark_conf(config, _write_log4j_config(config)).items()))
+        if SparkContext._gateway is None:
+            self._launch(conf)
+        else:
+            log.warning("a Spark driver JVM already runs in this process: using it (its memory and log settings)")
+        self.owns_context = SparkContext._active_spark_context is None
+        session = SparkSession.builder.config(conf=conf).getOrCreate()
+        log.info("spark session started (master %s, driver memory %s) in %.1f s",
+                 config.master, config.driver_memory, time.monotonic() - started)
+        return session
+
+    def _launch(self, conf) -> None:
+        """Start the driver JVM with its output piped into `jvm_log`, as the process's Spark gateway."""
+        from pyspark import SparkContext
+        from pyspark.java_gateway import launch_gateway
+
+        gateway = launch_gateway(conf, {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT})
+        self.proc = gateway.proc
+        threading.Thread(target=_forward_jvm_output, args=(self.proc.stdout,), name="spark-jvm-log",
+                         daemon=True).start()
+        SparkContext._ensure_initialized(gateway=gateway, conf=conf)
+
+    def _stop(self) -> None:
+        if self.owns_context:
+            self.session.stop()
+        self.session = None
+        self._end_jvm()
+        log.info("spark session stopped")
+
+    def _end_jvm(self) -> None:
+        """End the JVM if this process's driver was launched here, so the next start launches a fresh one."""
+        from pyspark import SparkContext
+
+        if self.proc is None:
+            return
+        gateway, SparkContext._gateway, SparkContext._jvm = SparkContext._gateway, None, None
+        if gateway is not None:
+            gateway.shutdown()
+        _end_process(self.proc)
+        self.proc = None
+
+
+def _end_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """Close the JVM's stdin (it exits on EOF) and wait for it; terminate it if it lingers."""
+    if proc is None:
+        return
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.wait(timeout)
+
+
+_JVM = _Jvm()
+
+
+class NodeSpark:
+    """The Spark session of one node: started on the first `session()` call, stopped by `stop()`.
+
+    Thread-safe. Several nodes in one process share the process's one Spark driver (the first one's
+    configuration wins); the driver stops when the last of them stops.
+    """
+
+    def __init__(self, config: SparkConfig | None = None) -> None:
+        self.config = config or SparkConfig()
+        self._lock = threading.Lock()
+        self._session = None
+        self._stopped = False
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def session(self):
+        """The node's SparkSession, started now if this is the first use."""
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("the node's Spark session was stopped")
+            if self._session is None:
+                self._session = _JVM.acquire(self.config)
+            return self._session
+
+    def stop(self) -> None:
+        """Stop the session (a no-op when it never started); later `session()` calls fail."""
+        with self._lock:
+            self._stopped = True
+            if self._session is not None:
+                self._session = None
+                _JVM.release()
+
+    def __enter__(self) -> NodeSpark:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
