@@ -17,6 +17,9 @@ KNOWN_POINTS = {
     "ddl.before_propose": "a node, before proposing a schema change to Raft",
     "worker.work_on_tasks": "the view building worker, when a batch of tasks arrives",
     "coordinator_pause_main_loop": "the view building loop on the group0 leader: while enabled it dispatches nothing",
+    "worker_pause_build_range": "a view building batch, before it scans its tablet replica",
+    "worker_fail_build_range": "a view building batch, before it scans (fail mode: the batch fails)",
+    "worker_pause_before_finish": "a view building batch whose view rows are applied, before it is recorded finished",
 }
 
 

@@ -1,0 +1,135 @@
+"""One build_range batch as one Spark job: scan the base tablet replica once, compute every view's rows, merge them
+at their paired view replicas (locally without an RPC), so a retried batch changes nothing."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from common.injection import Injections
+from coordinator.core.errors import NotFound
+from coordinator.core.schema import Replica, Table, Task
+from coordinator.core.tokens import tablet_range
+from replica.rows import storage_spec
+from storage import bulk
+from storage.store import NodeStore
+
+from worker.executor import BatchCancelled, BatchControl
+from worker.spark_session import NodeSpark
+from worker.spark_views import base_frame, compute_view_rows
+from worker.tasks import StartBatch
+
+MergeRemote = Callable[[Replica, Table, int, pa.Table], None]
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What one batch reads and where its view rows go, taken from one group0 snapshot."""
+
+    base: Table
+    views: tuple[Table, ...]
+    first_token: int
+    last_token: int
+    pair: int  # this replica's position among the base tablet's replicas: view replica `pair` is its partner
+    view_replicas: dict[str, tuple[tuple[Replica, ...], ...]]
+    schema_version: int
+
+
+def build_plan(state, tasks: list[Task], node_id: str) -> BuildPlan:
+    """The plan of a batch of tasks sharing base, tablet and replica; NotFound when the base or a view is gone."""
+    if not tasks:
+        raise NotFound("no task is left in this batch")
+    base = state.tables.get(tasks[0].base_id)
+    base_map = state.tablets.get(tasks[0].base_id)
+    views = tuple(state.tables[t.view_id] for t in tasks if t.view_id in state.tables)
+    if base is None or base_map is None or not views:
+        raise NotFound(f"the base table or views of tasks {', '.join(t.id for t in tasks)} were dropped")
+    tablet = tasks[0].tablet_id
+    first, last = tablet_range(tablet, base_map.tablet_count)
+    pair = next(i for i, r in enumerate(base_map.replicas[tablet]) if r.node == node_id)
+    view_replicas = {v.id: state.tablets[v.id].replicas for v in views}
+    return BuildPlan(base, views, first, last, pair, view_replicas, state.schema_version)
+
+
+@dataclass
+class BuildStats:
+    """Counters of the build jobs of one node (for the status RPC and metrics)."""
+
+    spark_jobs: int = 0
+    tablet_scans: int = 0
+    rows_scanned: int = 0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, count in counts.items():
+                setattr(self, name, getattr(self, name) + count)
+
+
+class BuildJob:
+    """`run_batch` of the worker executor: the batch's scan, Spark job and merges; returns the rows scanned."""
+
+    def __init__(self, node_id: str, store: NodeStore, spark: NodeSpark, read_state: Callable,
+                 wait_writes_before: Callable[[int], None], merge_remote: MergeRemote, injections: Injections):
+        self._node_id = node_id
+        self._store = store
+        self._spark = spark
+        self._read_state = read_state
+        self._wait_writes_before = wait_writes_before
+        self._merge_remote = merge_remote
+        self._injections = injections
+        self.stats = BuildStats()
+
+    def __call__(self, start: StartBatch, control: BatchControl) -> int:
+        self._injections.hit("worker_pause_build_range")
+        self._injections.hit("worker_fail_build_range")
+        plan = self._read_state(lambda s: build_plan(s, control.live_tasks(), self._node_id))
+        self._wait_writes_before(plan.schema_version)
+        rows = bulk.read_token_range(self._store, storage_spec(plan.base), plan.first_token, plan.last_token)
+        self.stats.add(tablet_scans=1, rows_scanned=rows.num_rows)
+        if rows.num_rows:
+            self._build(plan, rows, control)
+        self._injections.hit("worker_pause_before_finish")
+        return rows.num_rows
+
+    def _build(self, plan: BuildPlan, rows: pa.Table, control: BatchControl) -> None:
+        frame = base_frame(self._spark.session(), rows)
+        per_view = compute_view_rows(frame, plan.base, plan.views)
+        self.stats.add(spark_jobs=1)
+        for view in plan.views:
+            if control.cancelled.is_set():
+                raise BatchCancelled()
+            if any(t.view_id == view.id for t in control.live_tasks()):
+                self._deliver(plan, view, per_view[view.id])
+
+    def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
+        for replica, part in by_destination(view_rows, plan.view_replicas[view.id], plan.pair).items():
+            if replica.node == self._node_id:
+                self._store.ensure_table(storage_spec(view))
+                bulk.merge_view_rows(self._store, storage_spec(view), part)
+            else:
+                self._merge_remote(replica, view, plan.schema_version, part)
+
+
+def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...], pair: int) -> dict[Replica, pa.Table]:
+    """View rows grouped by the view replica paired with this base replica in the view tablet owning each row."""
+    tablets = tablet_indices(view_rows.column("token"), len(replicas))
+    groups: dict[Replica, list[pa.Table]] = {}
+    for tablet in pc.unique(tablets).to_pylist():
+        destination = replicas[tablet][pair]
+        groups.setdefault(destination, []).append(view_rows.filter(pc.equal(tablets, tablet)))
+    return {replica: pa.concat_tables(parts) for replica, parts in groups.items()}
+
+
+def tablet_indices(tokens: pa.ChunkedArray, tablet_count: int) -> pa.ChunkedArray:
+    """`tokens.tablet_of` for a column of tokens: the high bits of the token, shifted into 0..count-1."""
+    bits = tablet_count.bit_length() - 1
+    if bits == 0:
+        return pc.multiply(tokens, 0)
+    high = pc.shift_right(pc.shift_right(tokens, 63 - bits), 1)  # pyarrow leaves a shift by 63 undone
+    return pc.add(high, 1 << (bits - 1))
