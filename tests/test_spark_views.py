@@ -160,7 +160,6 @@ def _row(draw, base: Table, key: tuple) -> Row:
     if marker_ts is None and tomb_ts is None and not cells:
         marker_ts = draw(TIMESTAMPS)
     token = partition_token(base, dict(zip(base.primary_key, key)))
-    row = Row(token, key, marker_ts, tomb_ts, cells)
     view_ts = max([c.ts for c in cells.values()] + [t for t in (marker_ts, tomb_ts) if t is not None])
     return Row(token, key, marker_ts, tomb_ts, cells, view_ts + draw(st.integers(0, 3)))
 

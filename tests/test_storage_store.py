@@ -18,7 +18,6 @@ from coordinator.core.tokens import token_of as system_token_of
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, merge, state_equal, visible_values, write_ts
 from storage.store import NodeStore
 
-from .postgres import create_database, drop_database, throwaway_postgres
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
@@ -30,37 +29,6 @@ REGULAR = (
     ColumnSpec("d", "double"),
     ColumnSpec("at", "timestamp"),
 )
-
-
-# --- PostgreSQL server --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def postgres_server():
-    with throwaway_postgres() as url:
-        yield url
-
-
-@pytest.fixture
-def postgres_database(postgres_server):
-    """A fresh, empty database on the module's server (so outboxes do not leak between tests)."""
-    url = create_database(postgres_server)
-    yield url
-    drop_database(postgres_server, url.database)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
-def store_url(request, tmp_path):
-    if request.param == "sqlite":
-        return sa.URL.create("sqlite", database=str(tmp_path / "node.db"))
-    return request.getfixturevalue("postgres_database")
-
-
-@pytest.fixture
-def store(store_url):
-    node_store = NodeStore(store_url)
-    yield node_store
-    node_store.close()
 
 
 @pytest.fixture

@@ -1,0 +1,39 @@
+"""Fixtures shared by the storage tests: a throwaway PostgreSQL server and a store URL for each engine."""
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from storage.store import NodeStore
+
+from .postgres import create_database, drop_database, throwaway_postgres
+
+
+@pytest.fixture(scope="module")
+def postgres_server():
+    with throwaway_postgres() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_database(postgres_server):
+    """A fresh, empty database on the module's server (so outboxes do not leak between tests)."""
+    url = create_database(postgres_server)
+    yield url
+    drop_database(postgres_server, url.database)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
+def store_url(request, tmp_path):
+    """The URL of an empty node store: SQLite in the test's directory, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return sa.URL.create("sqlite", database=str(tmp_path / "node.db"))
+    return request.getfixturevalue("postgres_database")
+
+
+@pytest.fixture
+def store(store_url):
+    """An open node store on `store_url`, closed after the test."""
+    node_store = NodeStore(store_url)
+    yield node_store
+    node_store.close()
