@@ -13,6 +13,7 @@ KNOWN_POINTS = {
     "write.replica.after_apply": "a base replica, after applying a write and before sending view updates",
     "view_update.before_send": "a base replica, before sending view updates to a paired view replica",
     "view_update.receive": "a view replica, when view updates arrive",
+    "view_rows.receive": "a view replica, when view rows of a view building batch arrive",
     "read.replica.scan": "a replica, when serving a scan",
     "ddl.before_propose": "a node, before proposing a schema change to Raft",
     "worker.work_on_tasks": "the view building worker, when a batch of tasks arrives",

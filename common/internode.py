@@ -9,15 +9,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import grpc
+import pyarrow as pa
 
 from coordinator.core.errors import ERRORS_BY_CODE, CoreError, Unavailable
 
+from common.arrow_stream import ipc_pieces, table_from_pieces
 from common.codec import batch_to_proto, scan_page_from_proto, scan_request_to_proto
 from common.peers import Peers, describe_error
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
+from vbcpb import vbc_pb2 as pb
 
 REPLICA_WRITE_TIMEOUT = 10.0
 VIEW_UPDATE_TIMEOUT = 5.0
+VIEW_ROWS_TIMEOUT = 600.0  # a whole stream of view rows: merging a million rows takes seconds
 SCAN_TIMEOUT = 600.0  # a whole streamed scan; pages are flow-controlled by the consumer
 
 
@@ -77,3 +81,31 @@ class InternodeTransport:
                 call.cancel()
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
+
+    def merge_view_rows(self, node: str, view_id: str, shard: int, schema_version: int, rows: pa.Table) -> int:
+        """Merge computed view rows at `node`'s replica (one Arrow IPC stream); the rows that changed there."""
+        def chunks():
+            for position, piece in enumerate(ipc_pieces(rows)):
+                if position == 0:
+                    yield pb.ArrowChunk(table_id=view_id, shard=shard, schema_version=schema_version,
+                                        ipc=piece, rows=rows.num_rows)
+                else:
+                    yield pb.ArrowChunk(ipc=piece)
+
+        try:
+            return self._peers.internode(node).MergeViewRows(chunks(), timeout=VIEW_ROWS_TIMEOUT).applied
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+    def read_range(self, node: str, table_id: str, schema_version: int, first_token: int, last_token: int) -> pa.Table:
+        """The live rows of `node`'s replica of a table in a token range (storage layout, one snapshot)."""
+        request = pb.ReadRangeRequest(table_id=table_id, schema_version=schema_version,
+                                      first_token=first_token, last_token=last_token)
+        try:
+            chunks = list(self._peers.internode(node).ReadRange(request, timeout=SCAN_TIMEOUT))
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        rows = table_from_pieces(chunk.ipc for chunk in chunks)
+        if chunks and rows.num_rows != chunks[0].rows:
+            raise Unavailable(f"{node} sent {rows.num_rows} rows of {table_id}, announced {chunks[0].rows}")
+        return rows

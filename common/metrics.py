@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 
 class NodeMetrics:
@@ -52,6 +54,38 @@ class NodeMetrics:
         self.raft_applied.set_function(raft_applied)
         self.raft_leader.set_function(raft_leader)
         self.schema_version.set_function(schema_version)
+
+    def bind_worker(self, stats: Callable[[], dict]) -> None:
+        """Export the view building worker's counters (see WorkerCollector)."""
+        self.registry.register(WorkerCollector(stats))
+
+
+WORKER_COUNTERS = {
+    "spark_jobs": "Spark jobs run by this node's view building worker",
+    "tablet_scans": "Base tablet replicas scanned by view building batches",
+    "rows_scanned": "Base rows scanned by view building batches",
+    "tasks_finished": "View building tasks this worker finished and recorded in its ledger",
+    "tasks_answered_from_ledger": "View building task ids answered from the ledger without running them again",
+    "batches_failed": "View building batches that failed (the coordinator retries them)",
+}
+
+
+class WorkerCollector(Collector):
+    """The view building worker's counters, read from `stats()` (a dict of WORKER_COUNTERS and
+    `batches_running`) when scraped."""
+
+    def __init__(self, stats: Callable[[], dict]):
+        self._stats = stats
+
+    def collect(self):
+        stats = self._stats()
+        for name, documentation in WORKER_COUNTERS.items():
+            family = CounterMetricFamily(f"vbc_worker_{name}", documentation)
+            family.add_metric([], stats.get(name, 0))
+            yield family
+        running = GaugeMetricFamily("vbc_worker_batches_running", "View building batches running on this node")
+        running.add_metric([], stats.get("batches_running", 0))
+        yield running
 
 
 def serve_metrics(address: str, registry: CollectorRegistry):

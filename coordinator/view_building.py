@@ -76,7 +76,16 @@ class Group0Client(Protocol):
     def propose(self, command: Command, timeout: float = ...) -> Any: ...
 
 
-SendBatchFn = Callable[[str, int, tuple[str, ...], int, int], "Future[list[str]]"]
+@dataclasses.dataclass(frozen=True)
+class BatchReply:
+    """A worker's answer to one batch: the ids it finished and the base rows the batch scanned."""
+
+    finished: tuple[str, ...]
+    rows_scanned: int = 0
+
+
+# send_batch(node, shard, task_ids, term, applied_index) -> a future of a BatchReply (or of the finished ids)
+SendBatchFn = Callable[[str, int, tuple[str, ...], int, int], "Future[BatchReply | list[str]]"]
 
 
 @dataclasses.dataclass
@@ -127,6 +136,7 @@ class ViewBuildingLoop:
         self._deposed = False
         self._in_flight: dict[Replica, _InFlight] = {}
         self._pending: set[str] = set()
+        self._rows_scanned: dict[str, int] = {}  # finished id -> base rows its batch scanned (for rows_done)
         self._next_flush: float | None = None
         self._retry = RetrySchedule(self._backoff)
         self._warn_limiter = LogLimiter()
@@ -243,6 +253,7 @@ class ViewBuildingLoop:
         self._deposed = False
         self._in_flight.clear()
         self._pending.clear()
+        self._rows_scanned.clear()
         self._next_flush = None
         self._retry = RetrySchedule(self._backoff)
 
@@ -274,7 +285,10 @@ class ViewBuildingLoop:
                            delay, error)
                 continue
             self._retry.succeeded(replica)
-            finished = set(future.result() or ()) & set(batch.task_ids)
+            reply = future.result()
+            finished = set(getattr(reply, "finished", reply) or ()) & set(batch.task_ids)
+            for task_id in finished - self._pending:
+                self._rows_scanned[task_id] = getattr(reply, "rows_scanned", 0)
             self._metrics.view_building_tasks_finished.inc(len(finished - self._pending))
             if finished and not self._pending:
                 self._next_flush = now + self._flush_interval
@@ -286,13 +300,13 @@ class ViewBuildingLoop:
         term = self._term
         if self._pending and self._next_flush is not None and now < self._next_flush:
             return
-        command = self._group0.read(lambda s: plan_flush(s, term, self._pending))
-        if command is None:
-            self._pending = set(self._group0.read(lambda s: pending_finished(s, self._pending)))
-            return
-        if self._propose(command):
+        command = self._group0.read(lambda s: plan_flush(s, term, self._pending, self._rows_scanned))
+        if command is not None and self._propose(command):
             self._metrics.view_building_flushes.inc()
         self._pending = set(self._group0.read(lambda s: pending_finished(s, self._pending)))
+        self._rows_scanned = {i: n for i, n in self._rows_scanned.items() if i in self._pending}
+        if command is None:
+            return
         self._next_flush = self._clock() + self._flush_interval if self._pending else None
 
     def _dispatch_paused(self) -> bool:
@@ -354,6 +368,7 @@ class ViewBuildingLoop:
         self._epoch += 1  # replies to this loop's calls are ignored from now on
         self._in_flight.clear()
         self._pending.clear()
+        self._rows_scanned.clear()
 
     def _warn(self, message: str, *args: object) -> None:
         decision = self._warn_limiter.decide(self._clock())

@@ -6,11 +6,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.injection import Injections
+from common.progress import BuildRates
 from common.status import unary
 from coordinator.core.errors import InvalidArgument, NotFound
 from coordinator.core.tokens import tablet_range
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
+from worker.check import DEFAULT_EXAMPLES, CheckResult
 
 STATUS_PROBE_THREADS = 8
 
@@ -25,12 +27,16 @@ class AdminDeps:
     require_ready: Callable[[], None]
     probe: Callable[[str], pb.LocalStatusResponse | None]  # a node's local status, None if it does not answer
     injections: Injections
+    catch_up: Callable[[], None]  # best effort: apply what group0 committed so far (progress never goes back)
+    check_view: Callable[[str, str, int], CheckResult]  # (keyspace, view, max examples) -> the check's result
+    clock: Callable[[], float]  # monotonic seconds, for build rates
 
 
 class AdminService(rpc.AdminServicer):
     def __init__(self, deps: AdminDeps):
         self._deps = deps
         self._pool = ThreadPoolExecutor(max_workers=STATUS_PROBE_THREADS, thread_name_prefix="status")
+        self._rates = BuildRates()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -39,8 +45,10 @@ class AdminService(rpc.AdminServicer):
     def Status(self, request, context):
         deps = self._deps
         deps.require_ready()
+        deps.catch_up()
         group0_status = deps.raft_status()
         nodes, views, version = deps.read_state(_status_snapshot)
+        self._add_rates(views)
         probes = {n.id: self._pool.submit(deps.probe, n.id) for n in nodes}
         response = pb.StatusResponse(leader=group0_status.get("leader_id") or "", term=group0_status["term"],
                                      answered_by=deps.node_id, schema_version=version)
@@ -50,9 +58,17 @@ class AdminService(rpc.AdminServicer):
                 id=member.id, grpc=member.grpc, raft=member.raft, alive=local is not None, shards=member.shards,
                 schema_version=local.schema_version if local else 0,
                 pending_view_updates=local.pending_view_updates if local else 0,
+                worker=local.worker if local and local.HasField("worker") else None,
             ))
-        response.views.extend(views)
+        response.views.extend(view for _, view in views)
         return response
+
+    def _add_rates(self, views: list[tuple[str, pb.ViewStatus]]) -> None:
+        now = self._deps.clock()
+        for view_id, view in views:
+            rate = self._rates.observe(view_id, now, view.rows_done, view.progress, view.state == "BUILT")
+            view.rows_per_s, view.eta_s = rate.rows_per_s, rate.eta_s
+        self._rates.forget_except({view_id for view_id, _ in views})
 
     @unary
     def Tablets(self, request, context):
@@ -66,6 +82,20 @@ class AdminService(rpc.AdminServicer):
             response.tablets.append(pb.TabletInfo(tablet=tablet_id, first_token=first, last_token=last,
                                                   replicas=[str(r) for r in replicas]))
         return response
+
+    @unary
+    def CheckView(self, request, context):
+        self._deps.require_ready()
+        keyspace, _, name = request.view.partition(".")
+        if not keyspace or not name:
+            raise InvalidArgument(f"give the view as KEYSPACE.VIEW, got {request.view!r}")
+        result = self._deps.check_view(keyspace, name, request.max_examples or DEFAULT_EXAMPLES)
+        return pb.CheckViewResponse(
+            view=result.view, state=result.state, base_rows=result.base_rows, view_rows=result.view_rows,
+            missing=result.counts["MISSING"], extra=result.counts["EXTRA"], different=result.counts["DIFFERENT"],
+            replicas_checked=result.replicas_checked, seconds=result.seconds,
+            examples=[pb.CheckDifference(kind=e.kind, replica=e.replica, key=e.key, expected=e.expected,
+                                         found=e.found) for e in result.examples])
 
     @unary
     def Inject(self, request, context):
@@ -99,10 +129,10 @@ def _status_snapshot(state):
         progress = state.view_progress(view.id)
         total, done = progress["tasks_total"], progress["tasks_done"]
         base = state.tables[view.view.base_id]
-        views.append(pb.ViewStatus(
+        views.append((view.id, pb.ViewStatus(
             name=view.qualified_name, base=base.qualified_name, state="BUILT" if progress["built"] else "BUILDING",
             tasks_total=total, tasks_done=done,
             progress=1.0 if progress["built"] else (done / total if total else 0.0),
-            hosts=progress["hosts"], is_index=view.view.is_index,
-        ))
+            hosts=progress["hosts"], is_index=view.view.is_index, rows_done=progress["rows_done"],
+        )))
     return sorted(state.nodes.values(), key=lambda n: n.id), views, state.schema_version

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common.arrow_stream import ipc_pieces, table_from_pieces
 from common.codec import batch_from_proto, scan_page_to_proto, scan_request_from_proto
+from coordinator.core.errors import InvalidArgument
 from common.status import streaming, unary
 from replica.local import LocalData
 from vbcpb import vbc_pb2 as pb
@@ -50,3 +52,26 @@ class InternodeService(rpc.InternodeServicer):
     def SchemaBarrier(self, request, context):
         self._deps.wait_schema_applied(request.schema_version, request.timeout or 30.0)
         return self._deps.local_status()
+
+    @unary
+    def MergeViewRows(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None:
+            raise InvalidArgument("an empty MergeViewRows stream: the first chunk names the view")
+        pieces = [first.ipc] + [chunk.ipc for chunk in request_iterator]
+        try:
+            rows = table_from_pieces(pieces)
+        except ValueError as error:
+            raise InvalidArgument(f"view rows for {first.table_id}: {error}") from None
+        if rows.num_rows != first.rows:
+            raise InvalidArgument(f"view rows for {first.table_id}: the stream holds {rows.num_rows} rows, "
+                                  f"its first chunk announced {first.rows} (cut short?)")
+        return pb.Ack(applied=self._deps.replica.merge_view_rows(first.table_id, first.schema_version, rows))
+
+    @streaming
+    def ReadRange(self, request, context):
+        rows = self._deps.replica.read_range(request.table_id, request.schema_version,
+                                             request.first_token, request.last_token)
+        for position, piece in enumerate(ipc_pieces(rows)):
+            yield pb.ArrowChunk(table_id=request.table_id, ipc=piece,
+                                rows=rows.num_rows if position == 0 else 0)

@@ -24,15 +24,22 @@ from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
 from coordinator.core.state import Group0State
 from coordinator.raft import Group0, Group0Unavailable, StateMachineError
+from coordinator.view_building import BatchReply, ViewBuildingLoop
 from cql.executor import Executor
 from replica.inflight import InflightWrites
 from replica.local import LocalData, SchemaAccess
 from replica.read_path import ReadCoordinator
 from replica.write_path import WriteCoordinator
+from storage import bulk
+from storage.ledger import FinishedTaskLedger
 from storage.store import NodeStore
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
+from worker.build_job import BuildJob
+from worker.check import CheckResult, check_plan, check_view
+from worker.executor import WorkerExecutor
 from worker.service import WorkerService
+from worker.spark_session import NodeSpark, SparkConfig, default_master
 
 from .admin_service import AdminDeps, AdminService
 from .client_service import ClientService
@@ -44,6 +51,9 @@ DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
 GRPC_WORKERS = 48
 MAX_CLOCK_SKEW_MICROS = 500_000
+WORK_CALL_TIMEOUT = 120.0  # one WorkOnViewBuildingTasks call; a longer batch is answered "still running", re-sent
+SCHEMA_WAIT_TIMEOUT = 60.0  # a batch waits this long for writes begun under an older schema
+LEDGER_PRUNE_INTERVAL = 10.0
 
 
 @dataclass
@@ -57,6 +67,8 @@ class NodeConfig:
     storage_url: str | None = None
     raft_password: str | None = None
     metrics_addr: str | None = None
+    spark_master: str = field(default_factory=default_master)
+    spark_memory: str = "1g"
 
 
 class Node:
@@ -82,7 +94,7 @@ class Node:
             peers={peer_id: raft for peer_id, (_, raft) in config.peers.items()},
             data_dir=self.data_dir / "raft", state_machine=Group0State(),
             password=config.raft_password or os.environ.get("VBC_RAFT_PASSWORD", DEFAULT_RAFT_PASSWORD),
-            on_applied=lambda _index: self._schema_changed.set(),
+            on_applied=self._on_applied,
         )
         self.peers = Peers(self._grpc_address_of)
         transport = InternodeTransport(self.peers)
@@ -91,6 +103,20 @@ class Node:
         self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, transport, self.injections)
         self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, transport)
         self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections, self.metrics)
+        self._transport = transport
+        self.spark = NodeSpark(SparkConfig(master=config.spark_master, driver_memory=config.spark_memory,
+                                           data_dir=str(self.data_dir)))
+        self.ledger = FinishedTaskLedger.for_data_dir(self.data_dir)
+        self.build_job = BuildJob(self.node_id, self.store, self.spark, self.group0.read,
+                                  lambda version: self.wait_schema_applied(version, SCHEMA_WAIT_TIMEOUT),
+                                  self._merge_remote_view_rows, self.injections)
+        self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
+                                     self.build_job, max_parallel=max(2, config.shards))
+        self.view_building = ViewBuildingLoop(
+            group0=self.group0, term=lambda: self.group0.term, is_leader=lambda: self.group0.is_leader,
+            send_batch=self._send_batch, applied_index=lambda: self.group0.applied_index,
+            injections=self.injections, metrics=self.metrics)
+        self._last_prune = 0.0
         self._health = health.HealthServicer()
         self._server = self._build_server()
         self._threads: list[threading.Thread] = []
@@ -102,6 +128,7 @@ class Node:
         self._server.start()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.group0.start()
+        self.view_building.start()
         if self.config.metrics_addr:
             self._start_metrics(self.config.metrics_addr)
         for target, name in ((self._join, "join"), (self._watch_schema, "schema-watch"),
@@ -116,14 +143,19 @@ class Node:
         self._schema_changed.set()
         self.injections.disable_all()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.view_building.stop()
+        self.worker.close(wait=False)
         self._server.stop(grace=2.0).wait(5.0)
         self._admin.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         for thread in self._threads:
             thread.join(timeout=5.0)
+        self.spark.stop()
         self.group0.close()
         self.peers.close()
+        self.ledger.close()
+        bulk.shutdown()
         self.store.close()
         log.info("node %s stopped", self.node_id)
 
@@ -134,13 +166,14 @@ class Node:
         rpc.add_ClientServicer_to_server(ClientService(self.executor, self.metrics.statement_errors), server)
         self._admin = AdminService(AdminDeps(
             node_id=self.node_id, read_state=self.group0.read, raft_status=self.group0.status,
-            require_ready=self.require_ready, probe=self.probe, injections=self.injections))
+            require_ready=self.require_ready, probe=self.probe, injections=self.injections,
+            catch_up=self._status_barrier, clock=time.monotonic, check_view=self.check_view))
         rpc.add_AdminServicer_to_server(self._admin, server)
         rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
             replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,
             wait_schema_applied=self.wait_schema_applied)), server)
         rpc.add_WorkerServicer_to_server(
-            WorkerService(self.node_id, self.group0.read, lambda: self.group0.term, self.injections), server)
+            WorkerService(self.worker, lambda: self.group0.term, self.catch_up_index, self.injections), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Client", "Admin", "Internode", "Worker")]
         reflection.enable_server_reflection(names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -158,6 +191,7 @@ class Node:
             outbox_pending=self.store.outbox_size, raft_term=lambda: self.group0.term,
             raft_applied=lambda: self.group0.applied_index, raft_leader=lambda: 1 if self.group0.is_leader else 0,
             schema_version=self.schema_version)
+        self.metrics.bind_worker(self.worker_stats)
         self._metrics_server, _ = serve_metrics(address, self.metrics.registry)
 
     def _join(self) -> None:
@@ -193,13 +227,22 @@ class Node:
 
     # ------------------------------------------------------------ background loops
 
+    def _on_applied(self, _index: int) -> None:
+        """group0 applied a command (on the Raft thread: only wake-ups here)."""
+        self._schema_changed.set()
+        loop = getattr(self, "view_building", None)  # None while the constructor is still running
+        if loop is not None:
+            loop.notify_applied()
+
     def _watch_schema(self) -> None:
-        """After each applied command: drop the storage of dropped tables and wake schema-barrier waiters."""
+        """After each applied command: drop the storage of dropped tables, wake schema-barrier waiters, let the
+        worker's batches follow deleted or aborted tasks, and prune the worker's ledger now and then."""
         seen_version = -1
         while not self._stopping.is_set():
-            self._schema_changed.wait()
+            self._schema_changed.wait(LEDGER_PRUNE_INTERVAL)
             self._schema_changed.clear()
             self.inflight.notify()
+            self._follow_tasks()
             try:
                 version = self.schema_version()
                 if version != seen_version:
@@ -207,6 +250,15 @@ class Node:
                     seen_version = version
             except Exception:  # noqa: BLE001 - keep watching; the next schema change retries the cleanup
                 log.exception("dropping the storage of dropped tables failed; will retry")
+
+    def _follow_tasks(self) -> None:
+        try:
+            self.worker.tasks_changed()
+            if self._ready.is_set() and time.monotonic() - self._last_prune >= LEDGER_PRUNE_INTERVAL:
+                self.worker.prune()
+                self._last_prune = time.monotonic()
+        except Exception:  # noqa: BLE001 - the next applied command retries
+            log.exception("updating the view building worker after a group0 change failed; will retry")
 
     def _flush_outbox_loop(self) -> None:
         while not self._stopping.wait(OUTBOX_FLUSH_INTERVAL):
@@ -248,6 +300,67 @@ class Node:
         if self.schema_version() < version:
             raise Unavailable(f"node {self.node_id} has schema version {self.schema_version()}, request needs {version}")
 
+    def catch_up_index(self, index: int) -> None:
+        """Make sure this node has applied group0 up to `index` (a leader applied it, so it is committed)."""
+        if self.group0.applied_index >= index:
+            return
+        try:
+            self.group0.barrier(timeout=10.0)
+        except Group0Unavailable as error:
+            raise Unavailable(f"node {self.node_id} cannot catch up with group0 index {index}: {error}") from None
+        if self.group0.applied_index < index:
+            raise Unavailable(f"node {self.node_id} applied group0 up to {self.group0.applied_index}, "
+                              f"the request needs {index}")
+
+    def _status_barrier(self) -> None:
+        """Before answering a status: apply what the leader committed, so progress read here never goes back."""
+        try:
+            self.group0.barrier(timeout=1.0)
+        except Group0Unavailable:
+            pass  # no leader: answer from what this node applied
+
+    def _send_batch(self, node: str, shard: int, task_ids: tuple[str, ...], term: int,
+                    applied_index: int) -> futures.Future:
+        """The view building loop's call: WorkOnViewBuildingTasks to `node`, as a future of a BatchReply."""
+        reply: futures.Future = futures.Future()
+        request = pb.WorkRequest(term=term, shard=shard, task_ids=list(task_ids), applied_index=applied_index)
+        call = rpc.WorkerStub(self.peers.channel(node)).WorkOnViewBuildingTasks.future(
+            request, timeout=WORK_CALL_TIMEOUT)
+
+        def done(call_future) -> None:
+            try:
+                response = call_future.result()
+            except grpc.RpcError as error:
+                reply.set_exception(Unavailable(f"{call_future.code().name}: {error.details()}"))
+            except Exception as error:  # noqa: BLE001 - cancelled or failed locally: a failed call
+                reply.set_exception(error)
+            else:
+                reply.set_result(BatchReply(tuple(response.finished_task_ids), response.rows_scanned))
+
+        call.add_done_callback(done)
+        return reply
+
+    def _merge_remote_view_rows(self, replica, view, schema_version: int, rows) -> None:
+        self._transport.merge_view_rows(replica.node, view.id, replica.shard, schema_version, rows)
+
+    def check_view(self, keyspace: str, name: str, max_examples: int) -> CheckResult:
+        """`vbc check`: compare the view with its function of the base table (worker/check.py)."""
+        self._status_barrier()
+        plan = self.group0.read(lambda s: check_plan(s, keyspace, name))
+        return check_view(plan, self._read_replica_range, self.spark, max_examples)
+
+    def _read_replica_range(self, replica, table, schema_version: int, first: int, last: int):
+        if replica.node == self.node_id:
+            return self.local.read_range(table.id, schema_version, first, last)
+        return self._transport.read_range(replica.node, table.id, schema_version, first, last)
+
+    def worker_stats(self) -> dict:
+        build, counters = self.build_job.stats, self.worker.counters
+        return {"spark_jobs": build.spark_jobs, "tablet_scans": build.tablet_scans, "rows_scanned": build.rows_scanned,
+                "tasks_finished": counters.tasks_finished,
+                "tasks_answered_from_ledger": counters.tasks_answered_from_ledger,
+                "batches_running": self.worker.running_batches(), "batches_failed": counters.batches_failed}
+
     def wait_schema_applied(self, version: int, timeout: float) -> None:
         if not self.inflight.wait_applied(version, self.schema_version, timeout):
             raise Unavailable(f"node {self.node_id} did not apply schema version {version} within {timeout:g}s "
@@ -257,7 +370,7 @@ class Node:
         return pb.LocalStatusResponse(
             node_id=self.node_id, schema_version=self.inflight.applied_version(self.schema_version()),
             applied_index=self.group0.applied_index, pending_view_updates=self.store.outbox_size(),
-            term=self.group0.term, leader=self.group0.leader_id or "",
+            term=self.group0.term, leader=self.group0.leader_id or "", worker=pb.WorkerStats(**self.worker_stats()),
         )
 
     def probe(self, node_id: str) -> pb.LocalStatusResponse | None:

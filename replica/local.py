@@ -8,15 +8,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from common.injection import Injections
 from common.metrics import NodeMetrics
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
-from coordinator.core.errors import NotFound
+from coordinator.core.errors import InvalidArgument, NotFound
 from coordinator.core.schema import Table
+from storage import bulk
 from storage.cells import Row
 from storage.store import NodeStore
 
 from replica.inflight import InflightWrites
+from replica.rows import storage_spec
 from replica.outbox import QueuedViewUpdate, ViewUpdateOutbox
 from replica.outbox_payload import encode_payload
 from replica.tables import LocalTables
@@ -103,6 +107,33 @@ class LocalData:
         changed = self.tables.apply(view, list(batch.rows)).changed
         self._metrics.rows_applied.labels("view").inc(changed)
         return changed
+
+    def merge_view_rows(self, view_id: str, schema_version: int, rows: pa.Table) -> int:
+        """Merge view rows computed by a view building batch (`bulk.view_rows_schema`), set-based and
+        last-write-wins; the number of rows that changed (0 if the view was dropped meanwhile)."""
+        self._injections.hit("view_rows.receive")
+        self._schema.catch_up(schema_version)
+        view = self._schema.read(lambda s: s.tables.get(view_id))
+        if view is None:
+            return 0  # the view was dropped meanwhile: its rows are moot
+        if view.view is None:
+            raise InvalidArgument(f"{view.qualified_name} is a base table, not a view: view rows cannot go into it")
+        self.tables.ensure(view)
+        try:
+            changed = bulk.merge_view_rows(self.tables.store, storage_spec(view), rows)
+        except KeyError:
+            return 0  # dropped between the read above and the merge
+        self._metrics.rows_applied.labels("view").inc(changed)
+        return changed
+
+    def read_range(self, table_id: str, schema_version: int, first_token: int, last_token: int) -> pa.Table:
+        """The live rows of this replica of a table in a token range, in the storage layout (one snapshot)."""
+        self._schema.catch_up(schema_version)
+        table = self._schema.read(lambda s: s.tables.get(table_id))
+        if table is None:
+            raise NotFound(f"table id {table_id} does not exist on node {self.node_id} (dropped?)")
+        self.tables.ensure(table)
+        return bulk.read_token_range(self.tables.store, storage_spec(table), first_token, last_token)
 
     def flush_outbox(self, max_pages: int = 20) -> None:
         self.outbox.flush(max_pages)

@@ -182,10 +182,12 @@ def test_json_rendering_of_results():
 def sample_status() -> pb.StatusResponse:
     return pb.StatusResponse(
         leader="n1", term=3, answered_by="n2", schema_version=7,
-        nodes=[pb.NodeStatus(id="n1", grpc="127.0.0.1:1", raft="127.0.0.1:2", alive=True, shards=2, schema_version=7),
+        nodes=[pb.NodeStatus(id="n1", grpc="127.0.0.1:1", raft="127.0.0.1:2", alive=True, shards=2, schema_version=7,
+                             worker=pb.WorkerStats(spark_jobs=2, tablet_scans=3, rows_scanned=1500, tasks_finished=3,
+                                                   tasks_answered_from_ledger=1, batches_running=1)),
                pb.NodeStatus(id="n2", grpc="127.0.0.1:3", raft="127.0.0.1:4", alive=False)],
         views=[pb.ViewStatus(name="ks.mv", base="ks.t", state="BUILDING", tasks_total=12, tasks_done=3, progress=0.25,
-                             hosts={"n2": "SUCCESS", "n1": "STARTED"})],
+                             hosts={"n2": "SUCCESS", "n1": "STARTED"}, rows_done=1500, rows_per_s=500.0, eta_s=9.0)],
     )
 
 
@@ -193,10 +195,14 @@ def test_status_dict_has_the_documented_shape():
     document = client.status_to_dict(sample_status())
     assert document["leader"] == "n1" and document["term"] == 3
     assert document["nodes"][0] == {"id": "n1", "grpc": "127.0.0.1:1", "raft": "127.0.0.1:2", "alive": True,
-                                    "shards": 2, "schema_version": 7, "pending_view_updates": 0}
+                                    "shards": 2, "schema_version": 7, "pending_view_updates": 0,
+                                    "worker": {"spark_jobs": 2, "tablet_scans": 3, "rows_scanned": 1500,
+                                               "tasks_finished": 3, "tasks_answered_from_ledger": 1,
+                                               "batches_running": 1, "batches_failed": 0}}
+    assert document["nodes"][1]["worker"] is None  # unreachable
     assert document["views"] == [{"name": "ks.mv", "base": "ks.t", "state": "BUILDING", "is_index": False,
-                                  "tasks_total": 12, "tasks_done": 3, "progress": 0.25,
-                                  "hosts": {"n1": "STARTED", "n2": "SUCCESS"}}]
+                                  "tasks_total": 12, "tasks_done": 3, "progress": 0.25, "rows_done": 1500,
+                                  "rows_per_s": 500.0, "eta_s": 9.0, "hosts": {"n1": "STARTED", "n2": "SUCCESS"}}]
     json.dumps(document)
 
 
@@ -212,6 +218,7 @@ def test_status_rendering_names_nodes_and_views():
     console.print(cli.render_status(client.status_to_dict(sample_status())))
     text = console.export_text()
     assert "n1 (leader)" in text and "DOWN" in text and "ks.mv" in text and "25.0%" in text and "n2:SUCCESS" in text
+    assert "1,500 rows, 500/s, ETA 9s" in text and "1 running, 3 tasks, 1,500 rows, 2 spark jobs" in text
 
 
 # ------------------------------------------------------------------ ports and layout

@@ -242,7 +242,7 @@ def test_health_and_reflection_services_answer(cluster):
     assert {"vbc.v1.Client", "vbc.v1.Admin", "vbc.v1.Internode", "vbc.v1.Worker", "grpc.health.v1.Health"} <= names
 
 
-def test_worker_rpc_is_fenced_by_term_and_checks_the_batch(cluster):
+def test_worker_rpc_is_fenced_by_term_and_answers_unknown_tasks_as_not_finished(cluster):
     from vbcpb import vbc_pb2_grpc
 
     term = client.status(addr(cluster, "n1"))["term"]
@@ -253,7 +253,9 @@ def test_worker_rpc_is_fenced_by_term_and_checks_the_batch(cluster):
             worker.WorkOnViewBuildingTasks(request, timeout=5)
         return caught.value.code(), caught.value.details()
 
-    assert code_of(pb.WorkRequest(term=term, shard=0, task_ids=["nope"]))[0] == grpc.StatusCode.NOT_FOUND
+    answer = worker.WorkOnViewBuildingTasks(pb.WorkRequest(term=term, shard=0, task_ids=["nope"]), timeout=5)
+    assert list(answer.finished_task_ids) == [] and answer.rows_scanned == 0
+    assert code_of(pb.WorkRequest(term=term, shard=0))[0] == grpc.StatusCode.INVALID_ARGUMENT
     code, message = code_of(pb.WorkRequest(term=term + 5, shard=0, task_ids=["nope"]))
     assert code == grpc.StatusCode.UNAVAILABLE and "ahead of this node's group0 term" in message
     code, message = code_of(pb.WorkRequest(term=term - 1, shard=0, task_ids=["nope"]))

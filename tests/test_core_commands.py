@@ -43,6 +43,7 @@ FIELD_STRATEGIES = {
     str | None: st.one_of(st.none(), st.text(max_size=12)),
     tuple[str, ...]: NAMES,
     tuple[str, ...] | None: st.one_of(st.none(), NAMES),
+    tuple[int, ...]: st.lists(st.integers(), max_size=4).map(tuple),
     tuple[ColumnSpec, ...]: st.lists(st.builds(ColumnSpec, st.text(max_size=8), st.text(max_size=8)),
                                      max_size=4).map(tuple),
     tuple[WhereTerm, ...]: st.lists(st.builds(WhereTerm, st.text(max_size=8), st.text(max_size=8),
@@ -262,14 +263,28 @@ def building_state(nodes: int = 3, rf: int = 2, tablets: int = 2) -> tuple[Group
 
 
 def test_the_journal_form_of_the_loop_commands_carries_the_term():
-    finish = FinishViewBuildingTasks(term=3, task_ids=("a", "b"), cmd_id="f1")
+    finish = FinishViewBuildingTasks(term=3, task_ids=("a", "b"), rows_scanned=(10, 0), cmd_id="f1")
     assert encode(finish) == {"op": "finish_view_building_tasks", "v": JOURNAL_VERSION, "cmd_id": "f1", "term": 3,
-                              "task_ids": ["a", "b"]}
+                              "task_ids": ["a", "b"], "rows_scanned": [10, 0]}
+    assert decode(encode(finish)) == finish
     base = SetProcessingBase(term=3, base_id=None, cmd_id=None)
     assert encode(base) == {"op": "set_processing_base", "v": JOURNAL_VERSION, "cmd_id": None, "term": 3,
                             "base_id": None}
     assert decode(encode(base)) == base
     assert "field 'term' must be an integer" in refusal({**encode(finish), "term": "3"})
+
+
+def test_finishing_tasks_adds_the_rows_their_batches_scanned_to_the_view():
+    state, _, view_id = building_state()
+    ids = sorted(t.id for t in state.tasks_of_view(view_id))[:2]
+    term = max(state.view_building_term, 1)
+    assert state.apply(FinishViewBuildingTasks(term=term, task_ids=tuple(ids), rows_scanned=(7, 5),
+                                               cmd_id="r1")).ok
+    assert state.view_progress(view_id)["rows_done"] == 12
+    again = state.apply(FinishViewBuildingTasks(term=term, task_ids=tuple(ids), rows_scanned=(7, 5), cmd_id="r2"))
+    assert again.ok and state.view_progress(view_id)["rows_done"] == 12  # already removed: counted once
+    refused = state.apply(FinishViewBuildingTasks(term=term, task_ids=("x",), rows_scanned=(1, 2), cmd_id="r3"))
+    assert refused.error_code == "INVALID_ARGUMENT" and "2 counts for 1 task ids" in refused.error_message
 
 
 def test_finishing_tasks_removes_them_once_and_ignores_absent_ids():

@@ -128,6 +128,10 @@ def add_node_parser(commands) -> None:
     start.add_argument("--storage-url", metavar="URL",
                        help="SQLAlchemy URL of this node's storage (default: SQLite in DATA_DIR/storage.db)")
     start.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics over HTTP on this address")
+    start.add_argument("--spark-master", metavar="URL",
+                       help="Spark master for view building jobs (default local[N], N = CPUs; e.g. spark://host:7077)")
+    start.add_argument("--spark-memory", default="1g", metavar="SIZE",
+                       help="memory of the node's Spark driver JVM (spark.driver.memory; default 1g)")
     start.set_defaults(handler=cmd_node_start, parser=start)
 
 
@@ -187,6 +191,21 @@ def add_client_parsers(commands) -> None:
     tablets.add_argument("table", type=table_name, metavar="KS.TABLE")
     tablets.add_argument("--json", action="store_true", help="one JSON object per tablet")
     tablets.set_defaults(handler=cmd_tablets, parser=tablets)
+
+    wait = commands.add_parser("wait-built", parents=[target], help="wait until a view or index is built")
+    wait.add_argument("view", type=table_name, metavar="KS.VIEW")
+    wait.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
+                      help="give up after S seconds (exit status 1; default 600)")
+    wait.add_argument("--json", action="store_true", help="print the view's final status as JSON")
+    wait.set_defaults(handler=cmd_wait_built, parser=wait)
+
+    check = commands.add_parser("check", parents=[target],
+                                help="compare a view with its function of the base table (exit 1 on differences)")
+    check.add_argument("view", type=table_name, metavar="KS.VIEW")
+    check.add_argument("--json", action="store_true")
+    check.add_argument("--examples", type=positive_int, default=5, metavar="N", help="examples per kind (default 5)")
+    check.add_argument("--timeout", type=positive_float, default=600.0, metavar="S")
+    check.set_defaults(handler=cmd_check, parser=check)
 
     inject = commands.add_parser("inject", parents=[target], help="error injection points of a running node")
     inject.add_argument("name", nargs="?", metavar="NAME", help="injection point")
@@ -316,7 +335,8 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     args.data_dir.mkdir(parents=True, exist_ok=True)
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
                         peers=args.peers, shards=args.shards, storage_url=args.storage_url,
-                        metrics_addr=args.metrics)
+                        metrics_addr=args.metrics, spark_memory=args.spark_memory,
+                        **({"spark_master": args.spark_master} if args.spark_master else {}))
     serve(config)
     return 0
 
@@ -512,14 +532,41 @@ def progress_cell(progress: float) -> Table:
 
 def status_nodes_table(nodes: list[dict], leader: str) -> Table:
     table = Table(title="nodes", title_justify="left")
-    for column in ("id", "grpc", "raft", "alive", "shards", "schema", "pending view updates"):
-        table.add_column(column)
+    for column in ("id", "grpc", "raft", "alive", "shards", "schema", "pending view updates", "worker"):
+        table.add_column(column, no_wrap=column == "id")
     for node in sorted(nodes, key=lambda n: (len(n["id"]), n["id"])):
         name = Text(node["id"] + (" (leader)" if node["id"] == leader else ""))
         alive = Text("up", style="green") if node["alive"] else Text("DOWN", style="bold red")
         table.add_row(name, cell(node["grpc"]), cell(node.get("raft", "")), alive, cell(node.get("shards", "")),
-                      cell(node.get("schema_version", "")), cell(node.get("pending_view_updates", "")))
+                      cell(node.get("schema_version", "")), cell(node.get("pending_view_updates", "")),
+                      worker_text(node.get("worker")))
     return table
+
+
+def worker_text(worker: dict | None) -> Text:
+    if not worker:
+        return Text("")
+    text = Text(f"{worker['batches_running']} running, {worker['tasks_finished']} tasks, "
+                f"{worker['rows_scanned']:,} rows, {worker['spark_jobs']} spark jobs")
+    if worker["batches_failed"]:
+        text.append(f", {worker['batches_failed']} failed", style="red")
+    return text
+
+
+def duration_text(seconds: float) -> str:
+    if seconds < 0:
+        return "?"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def rate_text(view: dict) -> Text:
+    if view["state"] == "BUILT":
+        return Text(f"{view.get('rows_done', 0):,} rows")
+    rate = view.get("rows_per_s", 0.0)
+    return Text(f"{view.get('rows_done', 0):,} rows" + (f", {rate:,.0f}/s" if rate else "")
+                + f", ETA {duration_text(view.get('eta_s', -1.0))}")
 
 
 def hosts_text(hosts: dict[str, str]) -> Text:
@@ -533,13 +580,13 @@ def hosts_text(hosts: dict[str, str]) -> Text:
 
 def status_views_table(views: list[dict]) -> Table:
     table = Table(title="views", title_justify="left")
-    for column in ("name", "base", "kind", "state", "tasks", "progress", "hosts"):
-        table.add_column(column)
+    for column in ("name", "base", "kind", "state", "tasks", "progress", "rows", "hosts"):
+        table.add_column(column, no_wrap=column in ("name", "progress"))
     for view in views:
         state = Text(view["state"], style="green" if view["state"] == "BUILT" else "yellow")
         table.add_row(cell(view["name"]), cell(view["base"]), Text("index" if view.get("is_index") else "view"), state,
                       Text(f"{view['tasks_done']}/{view['tasks_total']}"), progress_cell(view["progress"]),
-                      hosts_text(view["hosts"]))
+                      rate_text(view), hosts_text(view["hosts"]))
     return table
 
 
@@ -593,6 +640,51 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         stdout_console().print(render_status(document))
     return 0
+
+
+# ------------------------------------------------------------------ vbc wait-built, vbc check
+
+
+def cmd_wait_built(args: argparse.Namespace) -> int:
+    try:
+        view = client.wait_built(target_addresses(args), args.view, args.timeout)
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(view, indent=2, ensure_ascii=False))
+    else:
+        print(f"{args.view} is built ({view['tasks_total']} tasks, {view['rows_done']:,} rows scanned)")
+    return 0
+
+
+def check_report(result: dict) -> Group:
+    verdict = (Text("consistent", style="bold green") if result["consistent"]
+               else Text("INCONSISTENT", style="bold red"))
+    header = Text.assemble((f"{result['view']} ", "bold"), verdict, f"  ({result['state']}) ",
+                           f"{result['base_rows']:,} base rows, {result['view_rows']:,} view rows, "
+                           f"{result['replicas_checked']} view tablet replicas in {result['seconds']:.1f}s")
+    counts = Text(f"missing {result['missing']}, extra {result['extra']}, different {result['different']}")
+    parts = [header, counts]
+    if result["examples"]:
+        table = Table(title="examples", title_justify="left")
+        for column in ("kind", "replica", "key", "expected", "found"):
+            table.add_column(column)
+        for example in result["examples"]:
+            table.add_row(*(Text(example[c]) for c in ("kind", "replica", "key", "expected", "found")))
+        parts.append(table)
+    if result["state"] != "BUILT" and not result["consistent"]:
+        parts.append(Text("the view is still building: differences are expected until it is built", style="yellow"))
+    return Group(*parts)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    result = client.check(target_addresses(args), args.view, args.examples, args.timeout)
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        stdout_console().print(check_report(result))
+    return 0 if result["consistent"] else 1
 
 
 # ------------------------------------------------------------------ vbc tablets

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
@@ -210,7 +211,14 @@ def node_status_to_dict(node: pb.NodeStatus) -> dict:
         "shards": node.shards,
         "schema_version": node.schema_version,
         "pending_view_updates": node.pending_view_updates,
+        "worker": worker_stats_to_dict(node.worker) if node.HasField("worker") else None,
     }
+
+
+def worker_stats_to_dict(stats: pb.WorkerStats) -> dict:
+    return {"spark_jobs": stats.spark_jobs, "tablet_scans": stats.tablet_scans, "rows_scanned": stats.rows_scanned,
+            "tasks_finished": stats.tasks_finished, "tasks_answered_from_ledger": stats.tasks_answered_from_ledger,
+            "batches_running": stats.batches_running, "batches_failed": stats.batches_failed}
 
 
 def view_status_to_dict(view: pb.ViewStatus) -> dict:
@@ -222,6 +230,9 @@ def view_status_to_dict(view: pb.ViewStatus) -> dict:
         "tasks_total": view.tasks_total,
         "tasks_done": view.tasks_done,
         "progress": view.progress,
+        "rows_done": view.rows_done,
+        "rows_per_s": view.rows_per_s,
+        "eta_s": view.eta_s,
         "hosts": dict(sorted(view.hosts.items())),
     }
 
@@ -246,6 +257,51 @@ def status_response(addr_or_addrs, timeout: float = 10.0) -> pb.StatusResponse:
 def status(addr_or_addrs, timeout: float = 10.0) -> dict:
     """Admin.Status of the first reachable node, as a dict (see `status_to_dict`)."""
     return status_to_dict(status_response(addr_or_addrs, timeout))
+
+
+def view_status(addr_or_addrs, view: str, timeout: float = 10.0) -> dict:
+    """The status dict of one view ("ks.name"); LookupError when it does not exist."""
+    found = next((v for v in status(addr_or_addrs, timeout)["views"] if v["name"] == view), None)
+    if found is None:
+        raise LookupError(f"no view or index {view} (see `vbc status` for the views)")
+    return found
+
+
+def wait_built(addr_or_addrs, view: str, timeout: float, poll: float = 0.25,
+               on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Wait until `view` is BUILT; its last status. TimeoutError (with the progress) when `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = view_status(addr_or_addrs, view)
+        if on_progress is not None:
+            on_progress(current)
+        if current["state"] == "BUILT":
+            return current
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{view} is not built after {timeout:g}s: {current['tasks_done']}/"
+                               f"{current['tasks_total']} tasks, {current['progress']:.1%}, "
+                               f"{current['rows_done']:,} rows")
+        time.sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+
+
+def check_to_dict(response: pb.CheckViewResponse) -> dict:
+    return {
+        "view": response.view, "state": response.state, "consistent": not (response.missing or response.extra
+                                                                          or response.different),
+        "base_rows": response.base_rows, "view_rows": response.view_rows, "missing": response.missing,
+        "extra": response.extra, "different": response.different, "replicas_checked": response.replicas_checked,
+        "seconds": round(response.seconds, 3),
+        "examples": [{"kind": e.kind, "replica": e.replica, "key": e.key, "expected": e.expected, "found": e.found}
+                     for e in response.examples],
+    }
+
+
+def check(addr_or_addrs, view: str, max_examples: int = 5, timeout: float = 600.0) -> dict:
+    """Admin.CheckView: the view compared with its function of the base table (see `check_to_dict`)."""
+    request = pb.CheckViewRequest(view=view, max_examples=max_examples)
+    response = call_any(addr_or_addrs, lambda addr: admin_stub(addr).CheckView(request, timeout=timeout),
+                        idempotent=True)
+    return check_to_dict(response)
 
 
 def tablet_to_dict(tablet: pb.TabletInfo) -> dict:

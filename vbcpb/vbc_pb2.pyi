@@ -60,7 +60,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("id", "grpc", "raft", "alive", "shards", "schema_version", "pending_view_updates")
+    __slots__ = ("id", "grpc", "raft", "alive", "shards", "schema_version", "pending_view_updates", "worker")
     ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_FIELD_NUMBER: _ClassVar[int]
     RAFT_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class NodeStatus(_message.Message):
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     PENDING_VIEW_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
     id: str
     grpc: str
     raft: str
@@ -75,10 +76,29 @@ class NodeStatus(_message.Message):
     shards: int
     schema_version: int
     pending_view_updates: int
-    def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., schema_version: _Optional[int] = ..., pending_view_updates: _Optional[int] = ...) -> None: ...
+    worker: WorkerStats
+    def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., schema_version: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ...) -> None: ...
+
+class WorkerStats(_message.Message):
+    __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed")
+    SPARK_JOBS_FIELD_NUMBER: _ClassVar[int]
+    TABLET_SCANS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_SCANNED_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    TASKS_ANSWERED_FROM_LEDGER_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FAILED_FIELD_NUMBER: _ClassVar[int]
+    spark_jobs: int
+    tablet_scans: int
+    rows_scanned: int
+    tasks_finished: int
+    tasks_answered_from_ledger: int
+    batches_running: int
+    batches_failed: int
+    def __init__(self, spark_jobs: _Optional[int] = ..., tablet_scans: _Optional[int] = ..., rows_scanned: _Optional[int] = ..., tasks_finished: _Optional[int] = ..., tasks_answered_from_ledger: _Optional[int] = ..., batches_running: _Optional[int] = ..., batches_failed: _Optional[int] = ...) -> None: ...
 
 class ViewStatus(_message.Message):
-    __slots__ = ("name", "base", "state", "tasks_total", "tasks_done", "progress", "hosts", "is_index")
+    __slots__ = ("name", "base", "state", "tasks_total", "tasks_done", "progress", "hosts", "is_index", "rows_done", "rows_per_s", "eta_s")
     class HostsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +114,9 @@ class ViewStatus(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     IS_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ROWS_DONE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    ETA_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     base: str
     state: str
@@ -102,7 +125,10 @@ class ViewStatus(_message.Message):
     progress: float
     hosts: _containers.ScalarMap[str, str]
     is_index: bool
-    def __init__(self, name: _Optional[str] = ..., base: _Optional[str] = ..., state: _Optional[str] = ..., tasks_total: _Optional[int] = ..., tasks_done: _Optional[int] = ..., progress: _Optional[float] = ..., hosts: _Optional[_Mapping[str, str]] = ..., is_index: _Optional[bool] = ...) -> None: ...
+    rows_done: int
+    rows_per_s: float
+    eta_s: float
+    def __init__(self, name: _Optional[str] = ..., base: _Optional[str] = ..., state: _Optional[str] = ..., tasks_total: _Optional[int] = ..., tasks_done: _Optional[int] = ..., progress: _Optional[float] = ..., hosts: _Optional[_Mapping[str, str]] = ..., is_index: _Optional[bool] = ..., rows_done: _Optional[int] = ..., rows_per_s: _Optional[float] = ..., eta_s: _Optional[float] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("leader", "term", "nodes", "views", "answered_by", "schema_version")
@@ -196,6 +222,18 @@ class InjectResponse(_message.Message):
     node: str
     def __init__(self, hit: _Optional[bool] = ..., points: _Optional[_Iterable[_Union[InjectionPoint, _Mapping]]] = ..., node: _Optional[str] = ...) -> None: ...
 
+class ReadRangeRequest(_message.Message):
+    __slots__ = ("table_id", "first_token", "last_token", "schema_version")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    table_id: str
+    first_token: int
+    last_token: int
+    schema_version: int
+    def __init__(self, table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., schema_version: _Optional[int] = ...) -> None: ...
+
 class Cell(_message.Message):
     __slots__ = ("column", "value", "ts")
     COLUMN_FIELD_NUMBER: _ClassVar[int]
@@ -275,20 +313,36 @@ class LocalStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LocalStatusResponse(_message.Message):
-    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader")
+    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader", "worker")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     PENDING_VIEW_UPDATES_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     schema_version: int
     applied_index: int
     pending_view_updates: int
     term: int
     leader: str
-    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ...) -> None: ...
+    worker: WorkerStats
+    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ...) -> None: ...
+
+class ArrowChunk(_message.Message):
+    __slots__ = ("table_id", "shard", "schema_version", "ipc", "rows")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    IPC_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    table_id: str
+    shard: int
+    schema_version: int
+    ipc: bytes
+    rows: int
+    def __init__(self, table_id: _Optional[str] = ..., shard: _Optional[int] = ..., schema_version: _Optional[int] = ..., ipc: _Optional[bytes] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class SchemaBarrierRequest(_message.Message):
     __slots__ = ("schema_version", "timeout")
@@ -299,17 +353,67 @@ class SchemaBarrierRequest(_message.Message):
     def __init__(self, schema_version: _Optional[int] = ..., timeout: _Optional[float] = ...) -> None: ...
 
 class WorkRequest(_message.Message):
-    __slots__ = ("term", "shard", "task_ids")
+    __slots__ = ("term", "shard", "task_ids", "applied_index")
     TERM_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     term: int
     shard: int
     task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, term: _Optional[int] = ..., shard: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, term: _Optional[int] = ..., shard: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class WorkResponse(_message.Message):
-    __slots__ = ("finished_task_ids",)
+    __slots__ = ("finished_task_ids", "rows_scanned")
     FINISHED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_SCANNED_FIELD_NUMBER: _ClassVar[int]
     finished_task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, finished_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    rows_scanned: int
+    def __init__(self, finished_task_ids: _Optional[_Iterable[str]] = ..., rows_scanned: _Optional[int] = ...) -> None: ...
+
+class CheckViewRequest(_message.Message):
+    __slots__ = ("view", "max_examples")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    MAX_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    max_examples: int
+    def __init__(self, view: _Optional[str] = ..., max_examples: _Optional[int] = ...) -> None: ...
+
+class CheckDifference(_message.Message):
+    __slots__ = ("kind", "replica", "key", "expected", "found")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    replica: str
+    key: str
+    expected: str
+    found: str
+    def __init__(self, kind: _Optional[str] = ..., replica: _Optional[str] = ..., key: _Optional[str] = ..., expected: _Optional[str] = ..., found: _Optional[str] = ...) -> None: ...
+
+class CheckViewResponse(_message.Message):
+    __slots__ = ("view", "base_rows", "view_rows", "missing", "extra", "different", "examples", "replicas_checked", "seconds", "state")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    BASE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_ROWS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    DIFFERENT_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    base_rows: int
+    view_rows: int
+    missing: int
+    extra: int
+    different: int
+    examples: _containers.RepeatedCompositeFieldContainer[CheckDifference]
+    replicas_checked: int
+    seconds: float
+    state: str
+    def __init__(self, view: _Optional[str] = ..., base_rows: _Optional[int] = ..., view_rows: _Optional[int] = ..., missing: _Optional[int] = ..., extra: _Optional[int] = ..., different: _Optional[int] = ..., examples: _Optional[_Iterable[_Union[CheckDifference, _Mapping]]] = ..., replicas_checked: _Optional[int] = ..., seconds: _Optional[float] = ..., state: _Optional[str] = ...) -> None: ...

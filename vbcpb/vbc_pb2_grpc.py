@@ -174,6 +174,11 @@ class AdminStub:
                 request_serializer=vbcpb_dot_vbc__pb2.InjectRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.InjectResponse.FromString,
                 _registered_method=True)
+        self.CheckView = channel.unary_unary(
+                '/vbc.v1.Admin/CheckView',
+                request_serializer=vbcpb_dot_vbc__pb2.CheckViewRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.CheckViewResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -199,6 +204,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckView(self, request, context):
+        """Compares a view with its function of the base table, replica by replica (a Spark job per pairing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -216,6 +228,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Inject,
                     request_deserializer=vbcpb_dot_vbc__pb2.InjectRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.InjectResponse.SerializeToString,
+            ),
+            'CheckView': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckView,
+                    request_deserializer=vbcpb_dot_vbc__pb2.CheckViewRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.CheckViewResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +328,33 @@ class Admin:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def CheckView(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/CheckView',
+            vbcpb_dot_vbc__pb2.CheckViewRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.CheckViewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class InternodeStub:
     """------------------------------------------------------------------ node to node
@@ -347,6 +391,16 @@ class InternodeStub:
                 '/vbc.v1.Internode/SchemaBarrier',
                 request_serializer=vbcpb_dot_vbc__pb2.SchemaBarrierRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.LocalStatusResponse.FromString,
+                _registered_method=True)
+        self.MergeViewRows = channel.stream_unary(
+                '/vbc.v1.Internode/MergeViewRows',
+                request_serializer=vbcpb_dot_vbc__pb2.ArrowChunk.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.Ack.FromString,
+                _registered_method=True)
+        self.ReadRange = channel.unary_stream(
+                '/vbc.v1.Internode/ReadRange',
+                request_serializer=vbcpb_dot_vbc__pb2.ReadRangeRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.ArrowChunk.FromString,
                 _registered_method=True)
 
 
@@ -390,6 +444,21 @@ class InternodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MergeViewRows(self, request_iterator, context):
+        """View rows computed by a view building batch, as Arrow IPC stream chunks for one view replica;
+        merged set-based (last-write-wins), so a retried stream changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadRange(self, request, context):
+        """The live rows of a token range of one table replica on this node, as Arrow IPC stream chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InternodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -417,6 +486,16 @@ def add_InternodeServicer_to_server(servicer, server):
                     servicer.SchemaBarrier,
                     request_deserializer=vbcpb_dot_vbc__pb2.SchemaBarrierRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.LocalStatusResponse.SerializeToString,
+            ),
+            'MergeViewRows': grpc.stream_unary_rpc_method_handler(
+                    servicer.MergeViewRows,
+                    request_deserializer=vbcpb_dot_vbc__pb2.ArrowChunk.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.Ack.SerializeToString,
+            ),
+            'ReadRange': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadRange,
+                    request_deserializer=vbcpb_dot_vbc__pb2.ReadRangeRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.ArrowChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -556,6 +635,60 @@ class Internode:
             '/vbc.v1.Internode/SchemaBarrier',
             vbcpb_dot_vbc__pb2.SchemaBarrierRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.LocalStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MergeViewRows(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/vbc.v1.Internode/MergeViewRows',
+            vbcpb_dot_vbc__pb2.ArrowChunk.SerializeToString,
+            vbcpb_dot_vbc__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vbc.v1.Internode/ReadRange',
+            vbcpb_dot_vbc__pb2.ReadRangeRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.ArrowChunk.FromString,
             options,
             channel_credentials,
             insecure,

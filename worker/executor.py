@@ -112,11 +112,17 @@ class WorkerExecutor:
         with self._lock:
             return len(self._book.batches())
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Cancel every batch and answer every waiting caller UNAVAILABLE (the node is stopping); `wait` for
+        the running jobs to notice."""
         with self._lock:
             for control in self._controls.values():
                 control.cancelled.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+            for answer in self._answers.values():
+                if not answer.done():
+                    answer.set_exception(Unavailable("this node is stopping; the coordinator will send the batch "
+                                                     "again once it is back"))
+        self._pool.shutdown(wait=wait, cancel_futures=True)
 
     # ------------------------------------------------------------ instructions
 

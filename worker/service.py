@@ -1,15 +1,15 @@
-"""The worker's gRPC endpoint: fences calls by Raft term and checks the batch against the replicated task table."""
+"""The worker's gRPC endpoint: catches up with group0, fences calls by Raft term, hands them to the executor."""
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
-import grpc
-
 from common.injection import Injections
-from common.status import status_for
-from coordinator.core.errors import InvalidArgument, NotFound, Unavailable
+from common.status import unary
+from coordinator.core.errors import InvalidArgument, Unavailable
+from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
+from worker.executor import WorkerExecutor
 from worker.tasks import refuse_stale_term
 
 
@@ -47,41 +47,44 @@ class TermFence:
             self._highest = term
 
 
-def check_batch(state, node_id: str, shard: int, task_ids: list[str]) -> list:
-    """The tasks of a batch; they must exist, target this node's `shard`, and share type, base and tablet."""
-    if not task_ids:
-        raise InvalidArgument("an empty batch of view building tasks")
-    missing = [i for i in task_ids if i not in state.tasks]
-    if missing:
-        raise NotFound(f"unknown or already finished view building task(s): {', '.join(missing)}")
-    tasks = [state.tasks[i] for i in task_ids]
-    foreign = [t.id for t in tasks if t.replica.node != node_id or t.replica.shard != shard]
-    if foreign:
-        raise InvalidArgument(f"task(s) {', '.join(foreign)} do not belong to {node_id} shard {shard}")
-    if len({(t.type, t.base_id, t.tablet_id) for t in tasks}) > 1:
-        raise InvalidArgument("a batch must share task type, base table and tablet")
-    return tasks
+CatchUp = Callable[[int], None]  # returns once this node applied the given group0 index (or raises Unavailable)
+ANSWER_MARGIN = 2.0  # seconds kept from the caller's deadline to send the answer back
+DEFAULT_ANSWER_WAIT = 60.0  # when the caller set no deadline
 
 
 class WorkerService(rpc.WorkerServicer):
-    """Answers WorkOnViewBuildingTasks; executing the tasks is the view building milestone's work."""
+    """Answers WorkOnViewBuildingTasks: catch up with the caller's group0 index, fence by term, then let the
+    executor answer from the ledger, attach to the running batch or start one, and wait for its end."""
 
-    def __init__(self, node_id: str, read_state: Callable, current_term: Callable[[], int], injections: Injections):
-        self._node_id = node_id
-        self._read_state = read_state
+    def __init__(self, executor: WorkerExecutor, current_term: Callable[[], int], catch_up: CatchUp,
+                 injections: Injections):
+        self._executor = executor
         self._current_term = current_term
+        self._catch_up = catch_up
         self._fence = TermFence()
         self._injections = injections
 
+    @property
+    def fence(self) -> TermFence:
+        return self._fence
+
+    @unary
     def WorkOnViewBuildingTasks(self, request, context):
-        try:
-            self._injections.hit("worker.work_on_tasks")
-            self._fence.check(request.term, self._current_term())
-            self._read_state(lambda s: check_batch(s, self._node_id, request.shard, list(request.task_ids)))
-            self._fence.admit(request.term, self._current_term())
-        except Exception as error:  # noqa: BLE001 - mapped to a status, the node keeps serving
-            code, message = status_for(error)
-            context.abort(code, message)
-        context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                      "this node does not execute view building tasks yet (the view building coordinator "
-                      "milestone adds it); views stay BUILDING and can be read with ALLOW STALE")
+        self._injections.hit("worker.work_on_tasks")
+        if not request.task_ids:
+            raise InvalidArgument("an empty batch of view building tasks")
+        refuse_stale_term(request.term, max(self._fence.highest, self._current_term()))
+        self._catch_up(request.applied_index)
+        self._fence.check(request.term, self._current_term())
+        self._fence.admit(request.term, self._current_term())
+        answer = self._executor.work(request.term, request.shard, list(request.task_ids), _answer_wait(context))
+        if answer.error is not None:
+            raise Unavailable(f"view building batch {', '.join(request.task_ids)} failed: {answer.error}")
+        return pb.WorkResponse(finished_task_ids=list(answer.finished), rows_scanned=answer.rows_scanned)
+
+
+def _answer_wait(context) -> float:
+    remaining = context.time_remaining() if context is not None else None
+    if remaining is None or remaining > 1e9:
+        return DEFAULT_ANSWER_WAIT
+    return max(remaining - ANSWER_MARGIN, 0.5)

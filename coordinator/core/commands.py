@@ -164,6 +164,7 @@ class FinishViewBuildingTasks(LoopCommand):
 
     op: ClassVar[str] = "finish_view_building_tasks"
     task_ids: tuple[str, ...]
+    rows_scanned: tuple[int, ...] = ()  # base rows each task's batch scanned, parallel to task_ids (or empty)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +227,12 @@ def _names(raw: object) -> tuple[str, ...]:
     return names
 
 
+def _integers(raw: object) -> tuple[int, ...]:
+    numbers = _items(raw)
+    _require(all(_is_int(n) for n in numbers))
+    return numbers
+
+
 def _optional_names(raw: object) -> tuple[str, ...] | None:
     return None if raw is None else _names(raw)
 
@@ -270,6 +277,7 @@ _CODECS: dict[object, _Codec] = {
     bool: _Codec("a boolean", _checked(lambda r: isinstance(r, bool)), _identity),
     str | None: _Codec("a string or null", _checked(lambda r: r is None or isinstance(r, str)), _identity),
     tuple[str, ...]: _Codec("a list of strings", _names, list),
+    tuple[int, ...]: _Codec("a list of integers", _integers, list),
     tuple[str, ...] | None: _Codec("a list of strings or null", _optional_names, _optional_list),
     tuple[ColumnSpec, ...]: _Codec("a list of [name, type] string pairs", _column_specs,
                                    lambda specs: [[c.name, c.type] for c in specs]),

@@ -26,7 +26,7 @@ node works in parallel.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Set
+from collections.abc import Hashable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -79,14 +79,18 @@ def plan_dispatch(state: Group0State, term: int, busy: Set[Replica], live_nodes:
     return Plan(batches=batches, commands=_processing_base_commands(state, term))
 
 
-def plan_flush(state: Group0State, term: int, finished: Set[str]) -> FinishViewBuildingTasks | None:
-    """The command removing the finished tasks group0 still holds (or settling statuses); None if nothing to do."""
+def plan_flush(state: Group0State, term: int, finished: Set[str],
+               rows_scanned: Mapping[str, int] | None = None) -> FinishViewBuildingTasks | None:
+    """The command removing the finished tasks group0 still holds (or settling statuses); None if nothing to do.
+
+    `rows_scanned` maps a finished id to the base rows its batch scanned (missing ids count 0)."""
     if is_deposed(state, term):
         return None
     ids = tuple(sorted(pending_finished(state, finished)))[:FLUSH_LIMIT]
     if not ids and not unsettled_statuses(state):
         return None
-    return FinishViewBuildingTasks(term=term, task_ids=ids, cmd_id=None)
+    rows = tuple((rows_scanned or {}).get(i, 0) for i in ids)
+    return FinishViewBuildingTasks(term=term, task_ids=ids, rows_scanned=rows if any(rows) else (), cmd_id=None)
 
 
 def pending_finished(state: Group0State, finished: Iterable[str]) -> frozenset[str]:

@@ -59,6 +59,7 @@ class Group0State:
         self.build_status: dict[tuple[str, str], str] = {}
         self.tasks_created: dict[str, int] = {}
         self.processing_base: str | None = None
+        self.rows_done: dict[str, int] = {}  # view id -> base rows scanned by its finished tasks
         # the newest Raft term of a view building loop command applied: a fence, not schema data (so private,
         # and out of the journal-replay comparisons); 0 until a loop proposed anything
         self._view_building_term = 0

@@ -1,6 +1,6 @@
 """View building: one build task per base tablet replica of a new view, and each node's build status per view.
 
-Owns the `tasks`, `build_status`, `tasks_created`, `processing_base` and `_view_building_term` fields of
+Owns the `tasks`, `build_status`, `tasks_created`, `rows_done`, `processing_base` and `_view_building_term` fields of
 Group0State. The leader's loop changes them only through commands carrying its Raft term
 (`FinishViewBuildingTasks`, `SetProcessingBase`); one from a term older than the newest seen is refused.
 """
@@ -57,6 +57,7 @@ def replicas_changed(state: Group0State, base: Table, seed: str, added: Mapping[
 def forget_table(state: Group0State, table_id: str) -> None:
     """Drop every task and status of a dropped table or view."""
     state.tasks_created.pop(table_id, None)
+    state.rows_done.pop(table_id, None)
     for task in list(state.tasks.values()):
         if table_id in (task.view_id, task.base_id):
             del state.tasks[task.id]
@@ -81,7 +82,7 @@ def progress(state: Group0State, view_id: str) -> dict:
     total = state.tasks_created.get(view_id, 0)
     hosts = {node: status for (v, node), status in state.build_status.items() if v == view_id}
     return {"tasks_total": total, "tasks_done": max(total - remaining, 0), "hosts": hosts,
-            "built": is_built(state, view_id)}
+            "built": is_built(state, view_id), "rows_done": state.rows_done.get(view_id, 0)}
 
 
 # -------------------------------------------------------------------- the leader loop's commands
@@ -90,11 +91,15 @@ def progress(state: Group0State, view_id: str) -> dict:
 def finish_tasks(state: Group0State, cmd: FinishViewBuildingTasks) -> int:
     """Remove the finished tasks named (absent or aborted ones are ignored) and settle build statuses."""
     check_loop_term(state, cmd.term)
+    if cmd.rows_scanned and len(cmd.rows_scanned) != len(cmd.task_ids):
+        raise InvalidArgument(f"rows_scanned has {len(cmd.rows_scanned)} counts for {len(cmd.task_ids)} task ids")
+    rows = cmd.rows_scanned or (0,) * len(cmd.task_ids)
     removed = 0
-    for task_id in cmd.task_ids:
+    for task_id, scanned in zip(cmd.task_ids, rows):
         task = state.tasks.get(task_id)
         if task is not None and not task.aborted:
             del state.tasks[task_id]
+            state.rows_done[task.view_id] = state.rows_done.get(task.view_id, 0) + max(scanned, 0)
             removed += 1
     for key in unsettled_statuses(state):
         state.build_status[key] = BUILD_SUCCESS
