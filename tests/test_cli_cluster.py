@@ -45,6 +45,8 @@ def test_cluster_up_exec_status_tablets_inject_down(cluster_dir):
     d = str(cluster_dir)
     vbc("exec", "--cluster", d, "CREATE KEYSPACE ks WITH replication = {'rf': 3} AND tablets = {'initial': 8}")
     vbc("exec", "--cluster", d, "CREATE TABLE ks.t (key int, c int, v text, PRIMARY KEY (key, c))")
+    for node in ("n1", "n2", "n3"):  # whichever leads: its view building loop dispatches nothing until released
+        vbc("inject", "--cluster", d, "--node", node, "coordinator_pause_main_loop", "--enable", "--mode", "pause")
     vbc("exec", "--cluster", d, "CREATE MATERIALIZED VIEW ks.mv AS SELECT * FROM ks.t WHERE c IS NOT NULL "
                                 "AND key IS NOT NULL PRIMARY KEY (c, key)")
     vbc("exec", "--addr", described["nodes"][1]["grpc"], "INSERT INTO ks.t (key, c, v) VALUES (1, 2, 'x')")
@@ -63,6 +65,16 @@ def test_cluster_up_exec_status_tablets_inject_down(cluster_dir):
     assert {k: view[k] for k in ("name", "base", "state", "tasks_total", "tasks_done")} == {
         "name": "ks.mv", "base": "ks.t", "state": "BUILDING", "tasks_total": 24, "tasks_done": 0}
     assert view["progress"] == 0.0 and view["hosts"] == {"n1": "STARTED", "n2": "STARTED", "n3": "STARTED"}
+    timed_out = vbc("wait-built", "--cluster", d, "ks.mv", "--timeout", "0.5", check=False)
+    assert timed_out.returncode == 1 and "not built after 0.5s: 0/24 tasks" in timed_out.stderr
+    for node in ("n1", "n2", "n3"):
+        vbc("inject", "--cluster", d, "--node", node, "coordinator_pause_main_loop", "--disable")
+    assert "ks.mv is built (24 tasks" in vbc("wait-built", "--cluster", d, "ks.mv", "--timeout", "90").stdout
+    out = vbc("exec", "--cluster", d, "--json", "SELECT * FROM ks.mv").stdout
+    assert [json.loads(line) for line in out.splitlines()] == [{"c": 2, "key": 1, "v": "y"}]
+    checked = json.loads(vbc("check", "--cluster", d, "ks.mv", "--json").stdout)
+    assert checked["consistent"] and checked["base_rows"] == 3 and checked["view_rows"] == 3
+    assert vbc("wait-built", "--cluster", d, "ks.nope", check=False).returncode == 1
 
     tablets = [json.loads(line) for line in vbc("tablets", "--cluster", d, "--json", "ks.t").stdout.splitlines()]
     assert [t["tablet"] for t in tablets] == list(range(8))

@@ -403,3 +403,14 @@ def test_jvm_output_becomes_log_records(caplog):
     assert records == [(logging.INFO, "note from the launcher"), (logging.WARNING, "TaskSetManager: lost task"),
                        (logging.ERROR, "Executor: boom"), (logging.ERROR, "\tat org.apache.Foo(Foo.java:1)"),
                        (logging.INFO, "SparkContext: hello")]
+
+
+def test_base_frame_keeps_every_row_whatever_the_batch_layout(spark):
+    """PySpark 4.x loses the batches after an empty one in createDataFrame(pa.Table); base_frame must not."""
+    schema = pa.schema([pa.field("a", pa.int32(), nullable=False), pa.field("b", pa.string())])
+    for layout in ([5, 3, 0, 7], [0, 0, 0, 2], [0, 0, 1, 0, 0, 1, 0, 0], [0], []):
+        batches = [pa.record_batch([pa.array(range(n), pa.int32()), pa.array(["x"] * n)], schema=schema)
+                   for n in layout]
+        frame = sv.base_frame(spark, pa.Table.from_batches(batches, schema=schema))
+        assert frame.count() == sum(layout), layout
+        assert frame.schema.names == ["a", "b"]
