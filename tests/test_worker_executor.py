@@ -107,14 +107,14 @@ def test_finished_ids_are_answered_from_the_ledger_after_a_restart(worker):
         restarted.close()
 
 
-def test_shards_run_in_parallel_and_a_busy_shard_refuses_other_work(worker):
+def test_shards_run_in_parallel_and_a_call_to_a_busy_shard_waits_for_its_batch(worker):
     executor, _, _, jobs = worker
     call(executor, 1, 0, ["a"])
     call(executor, 1, 1, ["c"])
     jobs.wait_started(2)
-    with pytest.raises(Unavailable, match="busy"):
-        executor.work(1, 0, ["b"])
-    assert executor.running_batches() == 2
+    with pytest.raises(Unavailable, match="still running"):
+        executor.work(1, 0, ["b"], timeout=0.2)  # attached to a's batch: nothing of it finished in time
+    assert executor.running_batches() == 2 and len(jobs.started) == 2
 
 
 def test_a_failed_batch_reports_the_error_and_records_nothing(worker):

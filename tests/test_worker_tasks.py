@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.core.errors import FailedPrecondition, InvalidArgument, Unavailable
+from coordinator.core.errors import FailedPrecondition, InvalidArgument
 from coordinator.core.schema import TASK_BUILD_RANGE, Replica, Task
 from worker.tasks import (
     Answer,
@@ -71,13 +71,15 @@ def test_only_the_unfinished_tasks_of_a_call_are_run_and_the_answer_names_all_fi
     assert worker.batch_succeeded(batch.batch_id, GROUP0)[-1] == Answer("call", ("a", "b"))
 
 
-def test_a_call_for_other_tasks_of_a_busy_shard_is_refused_and_the_running_batch_goes_on():
+def test_a_call_for_other_tasks_of_a_busy_shard_waits_for_the_running_batch_and_gets_the_overlap():
     worker = WorkerTasks("n1")
     batch = started(worker.work("one", 1, 0, ["a", "b"], GROUP0))
-    with pytest.raises(Unavailable, match="shard 0 of n1 is busy"):
-        worker.work("two", 1, 0, ["a", "b", "c"], GROUP0)
-    assert started(worker.work("other shard", 1, 1, ["s1"], GROUP0)).shard == 1
+    assert worker.work("two", 2, 0, ["a", "b", "c"], GROUP0) == [], "attached, not refused"
+    assert started(worker.work("other shard", 2, 1, ["s1"], GROUP0)).shard == 1
     assert [b.batch_id for b in worker.batches()] == [batch.batch_id, batch.batch_id + 1]
+    answers = worker.batch_succeeded(batch.batch_id, GROUP0)[1:]
+    assert answers == [Answer("one", ("a", "b")), Answer("two", ("a", "b"))], "c was not run: sent again later"
+    assert started(worker.work("three", 2, 0, ["c"], GROUP0)).task_ids == ("c",)
 
 
 def test_a_call_from_an_older_term_than_the_newest_accepted_is_refused():

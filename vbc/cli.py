@@ -192,6 +192,9 @@ def add_client_parsers(commands) -> None:
     tablets.add_argument("--json", action="store_true", help="one JSON object per tablet")
     tablets.set_defaults(handler=cmd_tablets, parser=tablets)
 
+    commands.add_parser("demo", help="a 3-node cluster builds a view and an index online, through a leader "
+                                     "kill -9 (what `make demo` runs; `vbc demo --help`)", add_help=False)
+
     wait = commands.add_parser("wait-built", parents=[target], help="wait until a view or index is built")
     wait.add_argument("view", type=table_name, metavar="KS.VIEW")
     wait.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
@@ -233,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `vbc` console script; returns the exit status (2 on usage errors)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["demo"]:  # its own parser: `vbc demo --rows N ...`
+        from vbc import demo
+
+        return demo.main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
         try:

@@ -1,37 +1,42 @@
-"""`make demo`: a 3-node local cluster, a table with a materialized view and an index, writes, and a view check."""
+"""`make demo` / `vbc demo`: a 3-node cluster builds a view and an index over 100,000 rows while a writer writes,
+survives a leader `kill -9` in the middle, and proves the result with `vbc check`."""
 from __future__ import annotations
 
 import argparse
+import random
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
 import grpc
-from rich.progress import Progress
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.text import Text
 
 from vbc import cli, client
 from vbc import cluster as cluster_mod
 
-CUSTOMERS = ["alice", "bob", "carol", "dave", "erin"]
-STATUSES = ["new", "paid", "shipped"]
-ROWS = 200
-SINGLE_INSERTS = 100
-BATCH_SIZE = 25
-MOVED_TO_ALICE = [2, 3, 4, 7, 8]        # their customer changes to alice: the view row moves partition
-MOVED_FROM_ALICE = [5, 10]              # alice's orders handed to frank
-DELETED = [190, 191, 192, 193, 194]
-CHECK_TIMEOUT = 30.0
-ALICE_QUERY = "SELECT * FROM demo.orders_by_customer WHERE customer = 'alice' ALLOW STALE"
+CUSTOMERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
+STATUSES = ["new", "paid", "shipped", "returned"]
+DEFAULT_ROWS = 100_000
+LOAD_CHUNK = 2_000
+VIEW = "demo.orders_by_customer"
+INDEX = "demo.orders_status_idx"
+KILL_AT_PROGRESS = 0.3  # the leader is killed once the slower build passed this
+POLL = 0.5
+SETTLE_TIMEOUT = 60.0
 
-SCHEMA = [
-    "CREATE KEYSPACE demo WITH replication = {'rf': 3} AND tablets = {'initial': 4}",
+TABLE_SCHEMA = [
+    "CREATE KEYSPACE demo WITH replication = {'rf': 3} AND tablets = {'initial': 8}",
     "CREATE TABLE demo.orders (id int, customer text, amount double, status text, PRIMARY KEY (id))",
-    "CREATE MATERIALIZED VIEW demo.orders_by_customer AS SELECT * FROM demo.orders "
-    "WHERE customer IS NOT NULL AND id IS NOT NULL PRIMARY KEY (customer, id)",
-    "CREATE INDEX ON demo.orders (status)",
 ]
+VIEW_SCHEMA = [
+    f"CREATE MATERIALIZED VIEW {VIEW} AS SELECT * FROM demo.orders "
+    "WHERE customer IS NOT NULL AND id IS NOT NULL PRIMARY KEY (customer, id)",
+    "CREATE INDEX orders_status_idx ON demo.orders (status)",
+]
+INSERT = "INSERT INTO demo.orders (id, customer, amount, status) VALUES (?, ?, ?, ?)"
 
 console = cli.stdout_console()
 
@@ -40,21 +45,15 @@ def step(text: str) -> None:
     console.print(Text.assemble(("==> ", "bold cyan"), (text, "bold")))
 
 
-def note(text: str) -> None:
-    console.print(Text(f"    {text}", style="dim"))
+def note(text: str, style: str = "dim") -> None:
+    console.print(Text(f"    {text}", style=style))
 
 
-def order(order_id: int) -> dict:
-    return {"id": order_id, "customer": CUSTOMERS[order_id % len(CUSTOMERS)],
-            "amount": round(order_id * 1.37, 2), "status": STATUSES[order_id % len(STATUSES)]}
+def order(order_id: int) -> list:
+    return [order_id, CUSTOMERS[order_id % len(CUSTOMERS)], round(order_id * 1.37, 2), STATUSES[order_id % len(STATUSES)]]
 
 
-def insert_statement(row: dict) -> str:
-    return (f"INSERT INTO demo.orders (id, customer, amount, status) "
-            f"VALUES ({row['id']}, '{row['customer']}', {row['amount']!r}, '{row['status']}')")
-
-
-# ------------------------------------------------------------------ steps
+# ------------------------------------------------------------------ the cluster
 
 
 def prepare_data_dir(data_dir: Path) -> None:
@@ -78,117 +77,204 @@ def start(data_dir: Path, nodes: int, shards: int) -> dict:
     return cluster
 
 
-def create_schema(addresses: list[str]) -> None:
-    step("creating the schema (through different nodes)")
-    for index, statement in enumerate(SCHEMA):
+def run_statements(addresses: list[str], statements: list[str]) -> None:
+    for index, statement in enumerate(statements):
         address = addresses[index % len(addresses)]
-        _, _, message = client.execute(address, statement)
+        client.execute(address, statement)
         note(f"{address}: {statement}")
-        note(f"  -> {message}")
 
 
-def write_orders(addresses: list[str]) -> dict[int, dict]:
-    """200 orders: single INSERTs and BATCHes, round-robin over the nodes; returns them by id."""
-    step(f"writing {ROWS} orders round-robin through {len(addresses)} nodes")
-    orders = {i: order(i) for i in range(1, ROWS + 1)}
-    ids = sorted(orders)
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("writing", total=ROWS)
-        for n, order_id in enumerate(ids[:SINGLE_INSERTS]):
-            client.execute(addresses[n % len(addresses)], insert_statement(orders[order_id]))
-            progress.advance(task)
-        rest = ids[SINGLE_INSERTS:]
-        for n, first in enumerate(range(0, len(rest), BATCH_SIZE)):
-            chunk = rest[first:first + BATCH_SIZE]
-            batch = "BEGIN BATCH " + " ".join(insert_statement(orders[i]) + ";" for i in chunk) + " APPLY BATCH"
-            client.execute(addresses[n % len(addresses)], batch)
+def load(addresses: list[str], rows: int) -> float:
+    """Insert `rows` orders in prepared-value chunks round-robin over the nodes; the seconds it took."""
+    step(f"loading {rows:,} orders (INSERT with bind values, {LOAD_CHUNK:,} per call, round-robin over the nodes)")
+    started = time.monotonic()
+    with Progress(TextColumn("loading"), BarColumn(), TaskProgressColumn(), TextColumn("{task.completed:,} rows"),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("load", total=rows)
+        for n, first in enumerate(range(1, rows + 1, LOAD_CHUNK)):
+            chunk = [order(i) for i in range(first, min(first + LOAD_CHUNK, rows + 1))]
+            client.execute(addresses[n % len(addresses)], INSERT, params=chunk, timeout=120.0)
             progress.advance(task, len(chunk))
-    note(f"{SINGLE_INSERTS} single INSERTs and {len(rest) // BATCH_SIZE} BATCHes of {BATCH_SIZE}")
-    return orders
+    seconds = time.monotonic() - started
+    note(f"{rows:,} rows in {seconds:.1f} s ({rows / seconds:,.0f} rows/s)")
+    return seconds
 
 
-def update_and_delete(addresses: list[str], orders: dict[int, dict]) -> None:
-    step("changing the customer of a few orders (their view rows move) and deleting a few")
-    changes = [(i, "alice") for i in MOVED_TO_ALICE] + [(i, "frank") for i in MOVED_FROM_ALICE]
-    for n, (order_id, customer) in enumerate(changes):
-        client.execute(addresses[n % len(addresses)],
-                       f"UPDATE demo.orders SET customer = '{customer}' WHERE id = {order_id}")
-        orders[order_id]["customer"] = customer
-    note(f"moved orders {MOVED_TO_ALICE} to alice and {MOVED_FROM_ALICE} from alice to frank")
-    for n, order_id in enumerate(DELETED):
-        client.execute(addresses[n % len(addresses)], f"DELETE FROM demo.orders WHERE id = {order_id}")
-        del orders[order_id]
-    note(f"deleted orders {DELETED}")
+# ------------------------------------------------------------------ the writer
 
 
-def view_key(row: dict) -> tuple:
-    return row["customer"], row["id"], row["amount"], row["status"]
+class Writer(threading.Thread):
+    """Keeps inserting, updating (moving view rows to another customer) and deleting orders during the build."""
+
+    def __init__(self, addresses: list[str], rows: int, seed: int = 7):
+        super().__init__(name="demo-writer", daemon=True)
+        self._addresses = addresses
+        self._rows = rows
+        self._rng = random.Random(seed)
+        self._stopping = threading.Event()
+        self.writes = 0
+        self.failures = 0
+        self._next_id = rows + 1
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                client.execute(self._rng.sample(self._addresses, len(self._addresses)), self._statement(),
+                               timeout=10.0)
+                self.writes += 1
+            except grpc.RpcError:
+                self.failures += 1  # a node being killed: the next write goes elsewhere
+                self._stopping.wait(0.05)
+
+    def _statement(self) -> str:
+        choice = self._rng.random()
+        if choice < 0.4:
+            values = order(self._next_id)
+            self._next_id += 1
+            return (f"INSERT INTO demo.orders (id, customer, amount, status) "
+                    f"VALUES ({values[0]}, '{values[1]}', {values[2]!r}, '{values[3]}')")
+        target = self._rng.randint(1, self._rows)
+        if choice < 0.85:
+            return (f"UPDATE demo.orders SET customer = '{self._rng.choice(CUSTOMERS)}', "
+                    f"status = '{self._rng.choice(STATUSES)}' WHERE id = {target}")
+        return f"DELETE FROM demo.orders WHERE id = {target}"
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=15.0)
 
 
-def view_matches_base(addresses: list[str]) -> tuple[bool, int, str]:
-    """(whole view and alice's partition == what a full base SELECT implies, view rows, difference)."""
-    base = client.query(addresses, "SELECT * FROM demo.orders")
-    view = client.query(addresses, "SELECT * FROM demo.orders_by_customer ALLOW STALE")
-    alice = client.query(addresses, ALICE_QUERY)
-    expected = {view_key(r) for r in base if r["customer"] is not None and r["id"] is not None}
-    got = {view_key(r) for r in view}
-    expected_alice = {key for key in expected if key[0] == "alice"}
-    got_alice = {view_key(r) for r in alice}
-    if got == expected and len(view) == len(expected) and got_alice == expected_alice and len(alice) == len(got_alice):
-        return True, len(view), ""
-    return False, len(view), (f"missing {sorted(expected - got)[:5]}, unexpected {sorted(got - expected)[:5]}, "
-                              f"alice: missing {sorted(expected_alice - got_alice)[:5]}, "
-                              f"unexpected {sorted(got_alice - expected_alice)[:5]}")
+# ------------------------------------------------------------------ the build
 
 
-def check_view(addresses: list[str], orders: dict[int, dict]) -> bool:
-    step("reading the view back")
-    note("views report BUILDING until the view building coordinator (next milestone) builds them, "
-         "so the demo reads them with ALLOW STALE")
-    columns, rows, _ = client.execute(addresses, ALICE_QUERY)
-    console.print(cli.result_table(columns, [""] * len(columns), rows))
-    expected_alice = sorted(i for i, row in orders.items() if row["customer"] == "alice")
-    got_alice = sorted(dict(zip(columns, row))["id"] for row in rows)
-    note(f"alice has {len(got_alice)} orders in the view, the demo expects {len(expected_alice)}")
-    step("checking that the view equals what the base table implies")
-    deadline = time.monotonic() + CHECK_TIMEOUT
-    while True:
-        ok, count, difference = view_matches_base(addresses)
-        if ok:
-            console.print(Text(f"view is up to date: {count} rows", style="bold green"))
-            return True
-        if time.monotonic() >= deadline:
-            console.print(Text(f"view does NOT match the base after {CHECK_TIMEOUT:g} s: {difference}", style="bold red"))
-            return False
-        time.sleep(0.5)
+def build_columns() -> tuple:
+    return (TextColumn("{task.description:<28}"), BarColumn(), TaskProgressColumn(),
+            TextColumn("{task.fields[tasks]}"), TextColumn("{task.fields[rows]}"), TextColumn("{task.fields[eta]}"))
 
 
-def show_status(data_dir: Path) -> None:
-    step(f"vbc status --cluster {data_dir}")
-    cli.main(["status", "--cluster", str(data_dir)])
-    step(f"vbc tablets --cluster {data_dir} demo.orders")
-    cli.main(["tablets", "--cluster", str(data_dir), "demo.orders"])
+def update_bars(progress: Progress, bars: dict[str, int], views: dict[str, dict]) -> None:
+    for name, bar in bars.items():
+        view = views.get(name)
+        if view is None:
+            continue
+        rate = f"{view['rows_per_s']:,.0f} rows/s" if view["rows_per_s"] else ""
+        eta = "built" if view["state"] == "BUILT" else f"ETA {cli.duration_text(view['eta_s'])}"
+        progress.update(bar, completed=view["progress"], tasks=f"{view['tasks_done']}/{view['tasks_total']} tasks",
+                        rows=f"{view['rows_done']:,} rows scanned {rate}", eta=eta)
+
+
+def build_views(data_dir: Path, addresses: list[str], kill_leader: bool, timeout: float) -> float:
+    """Create the view and the index, draw their progress, kill -9 the leader midway; the seconds to BUILT."""
+    step("creating a materialized view and an index while the writer writes")
+    started = time.monotonic()
+    run_statements(addresses, VIEW_SCHEMA)
+    killed = not kill_leader
+    with Progress(*build_columns(), console=console) as progress:
+        bars = {name: progress.add_task(name, total=1.0, tasks="", rows="", eta="") for name in (VIEW, INDEX)}
+        while True:
+            views = {v["name"]: v for v in client.status(addresses)["views"]}
+            update_bars(progress, bars, views)
+            states = [views[name]["state"] for name in bars if name in views]
+            if len(states) == len(bars) and all(state == "BUILT" for state in states):
+                break
+            if not killed and min(views[name]["progress"] for name in bars) >= KILL_AT_PROGRESS:
+                killed = True
+                kill_and_restart_leader(data_dir, addresses, progress)
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"the views were not built within {timeout:g} s")
+            time.sleep(POLL)
+    return time.monotonic() - started
+
+
+def kill_and_restart_leader(data_dir: Path, addresses: list[str], progress: Progress) -> None:
+    leader = client.status(addresses)["leader"]
+    progress.console.print(Text.assemble(("==> ", "bold magenta"),
+                                         (f"kill -9 of the Raft leader {leader} in the middle of the build", "bold")))
+    cluster_mod.stop_node(data_dir, leader, kill=True)
+    progress.console.print(Text(f"    {leader} killed; a new leader's view building loop picks up from group0",
+                                style="dim"))
+    threading.Thread(target=_restart, args=(data_dir, leader, progress), daemon=True).start()
+
+
+def _restart(data_dir: Path, node_id: str, progress: Progress) -> None:
+    try:
+        cluster_mod.start_node(data_dir, node_id)
+        progress.console.print(Text(f"    {node_id} restarted; its worker answers finished tasks from its ledger",
+                                    style="dim"))
+    except cluster_mod.ClusterError as error:
+        progress.console.print(Text(f"    {node_id} did not restart: {error}", style="red"))
+
+
+# ------------------------------------------------------------------ the proof
+
+
+def wait_settled(addresses: list[str]) -> None:
+    """Wait until every node is up and every outbox of view updates is empty."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while time.monotonic() < deadline:
+        nodes = client.status(addresses)["nodes"]
+        if all(n["alive"] and n["pending_view_updates"] == 0 for n in nodes):
+            return
+        time.sleep(POLL)
+    raise TimeoutError(f"view updates still pending after {SETTLE_TIMEOUT:g} s")
+
+
+def check(addresses: list[str]) -> bool:
+    ok = True
+    for name in (VIEW, INDEX):
+        step(f"vbc check {name}")
+        result = client.check(addresses, name)
+        console.print(cli.check_report(result))
+        ok = ok and result["consistent"]
+    step("reading through the view and the index (no ALLOW STALE: they are built)")
+    alice = client.query(addresses, f"SELECT * FROM {VIEW} WHERE customer = 'alice' LIMIT 3")
+    paid = client.query(addresses, "SELECT * FROM demo.orders WHERE status = 'paid' LIMIT 3")
+    note(f"alice's first orders: {[row['id'] for row in alice]}; some paid orders: {[row['id'] for row in paid]}")
+    return ok
+
+
+def summary(rows: int, load_seconds: float, build_seconds: float, writer: Writer, addresses: list[str]) -> None:
+    views = {v["name"]: v for v in client.status(addresses)["views"]}
+    scanned = sum(views[name]["rows_done"] for name in (VIEW, INDEX))
+    step("summary")
+    note(f"rows loaded:   {rows:,} in {load_seconds:.1f} s ({rows / load_seconds:,.0f} rows/s)", style="")
+    note(f"build:         a view and an index over {rows:,} rows x 3 replicas in {build_seconds:.1f} s "
+         f"({scanned:,} base rows scanned, {scanned / build_seconds:,.0f} rows/s)", style="")
+    note(f"live writes:   {writer.writes:,} during the build ({writer.failures} refused while a node was down)",
+         style="")
 
 
 # ------------------------------------------------------------------ main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m vbc.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="vbc demo", description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=Path("demo-data"), help="wiped first (default ./demo-data)")
+    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, help=f"rows to load (default {DEFAULT_ROWS:,})")
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--no-kill", action="store_true", help="do not kill the leader during the build")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds the build may take (default 900)")
     return parser.parse_args(argv)
 
 
-def run_demo(data_dir: Path, nodes: int, shards: int) -> bool:
-    cluster = start(data_dir, nodes, shards)
+def run_demo(args: argparse.Namespace, data_dir: Path) -> bool:
+    cluster = start(data_dir, args.nodes, args.shards)
     addresses = [node["grpc"] for node in cluster["nodes"]]
-    create_schema(addresses)
-    orders = write_orders(addresses)
-    update_and_delete(addresses, orders)
-    ok = check_view(addresses, orders)
-    show_status(data_dir)
+    step("creating the table")
+    run_statements(addresses, TABLE_SCHEMA)
+    load_seconds = load(addresses, args.rows)
+    writer = Writer(addresses, args.rows)
+    step("starting a writer: inserts, updates that move view rows, deletes")
+    writer.start()
+    try:
+        build_seconds = build_views(data_dir, addresses, not args.no_kill and args.nodes > 1, args.timeout)
+    finally:
+        writer.stop()
+    note(f"writer stopped after {writer.writes:,} writes")
+    wait_settled(addresses)
+    ok = check(addresses)
+    summary(args.rows, load_seconds, build_seconds, writer, addresses)
     return ok
 
 
@@ -199,11 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     prepare_data_dir(data_dir)
     ok = False
     try:
-        ok = run_demo(data_dir, args.nodes, args.shards)
+        ok = run_demo(args, data_dir)
     except cluster_mod.ClusterStartError as exc:
         console.print(Text(f"the cluster did not start: {exc.report()}", style="red"))
     except grpc.RpcError as exc:
         console.print(Text(f"error: {client.error_text(exc)}", style="red"))
+    except TimeoutError as exc:
+        console.print(Text(f"error: {exc}", style="red"))
     except KeyboardInterrupt:
         console.print(Text("interrupted", style="red"))
     finally:

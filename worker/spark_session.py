@@ -16,6 +16,7 @@ jvm_log = logging.getLogger(__name__ + ".jvm")
 
 _LEVELS = {"FATAL": logging.CRITICAL, "ERROR": logging.ERROR, "WARN": logging.WARNING,
            "INFO": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": logging.DEBUG}
+LAUNCH_ATTEMPTS = 3
 _LEVEL_PREFIX = re.compile(r"^(FATAL|ERROR|WARN|INFO|DEBUG|TRACE) ")
 
 # log4j2 configuration of the JVM: one console line per event ("LEVEL logger: message"), parsed by
@@ -172,15 +173,33 @@ class _Jvm:
         return session
 
     def _launch(self, conf) -> None:
-        """Start the driver JVM with its output piped into `jvm_log`, as the process's Spark gateway."""
+        """Start the driver JVM with its output piped into `jvm_log`, as the process's Spark gateway.
+
+        The pipe and its reader exist before the launch, so the output of a launcher that exits at once reaches
+        the log too; such a launch is retried (LAUNCH_ATTEMPTS) before the error is raised.
+        """
         from pyspark import SparkContext
+        from pyspark.errors import PySparkRuntimeError
         from pyspark.java_gateway import launch_gateway
 
-        gateway = launch_gateway(conf, {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT})
-        self.proc = gateway.proc
-        threading.Thread(target=_forward_jvm_output, args=(self.proc.stdout,), name="spark-jvm-log",
-                         daemon=True).start()
-        SparkContext._ensure_initialized(gateway=gateway, conf=conf)
+        for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+            read_end, write_end = os.pipe()
+            reader = threading.Thread(target=_forward_jvm_output, args=(os.fdopen(read_end, "rb"),),
+                                      name="spark-jvm-log", daemon=True)
+            reader.start()
+            try:
+                gateway = launch_gateway(conf, {"stdout": write_end, "stderr": subprocess.STDOUT})
+            except PySparkRuntimeError as error:
+                if attempt == LAUNCH_ATTEMPTS:
+                    raise
+                log.warning("the Spark driver JVM exited while starting (attempt %d: %s); its output is above; "
+                            "retrying", attempt, error)
+                continue
+            finally:
+                os.close(write_end)  # the JVM holds its own copy; the reader ends when the JVM does
+            self.proc = gateway.proc
+            SparkContext._ensure_initialized(gateway=gateway, conf=conf)
+            return
 
     def _stop(self) -> None:
         if self.owns_context:

@@ -15,10 +15,11 @@ Rules:
 - A call from a term older than the newest this worker accepted is refused (FAILED_PRECONDITION).
 - Ids group0 no longer holds (deleted after the coordinator read them) or holds aborted are not worked on;
   an answer lists only the call's finished ids, so the coordinator never removes a task nobody finished.
-- One batch per shard. A call whose unfinished ids are all tasks of the batch running on its shard attaches to
-  it (a repeated or duplicated call, or a new leader resending the same batch): it is answered when the batch
-  ends. A call naming any other unfinished task while its shard is busy is refused with UNAVAILABLE (the
-  coordinator retries with backoff); the running batch is never stopped for it, its work stays valid.
+- One batch per shard. A call arriving while its shard runs a batch attaches to that batch and is answered when
+  it ends, with the call's ids finished by then: a repeated or duplicated call, or a new leader resending the
+  same batch, gets them all; a new leader's differently composed batch gets the overlap, and the coordinator
+  sends the rest again once the shard is free. The running batch is never stopped for it (its work stays
+  valid), and the caller waits instead of retrying against a busy shard.
 - A failed batch answers every attached caller with the error and records nothing.
 - Pruning removes ledger ids group0 no longer holds; call it only once the node has caught up with group0
   (not while it replays its journal after a restart, when the state is still behind).
@@ -28,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.core.errors import FailedPrecondition, InvalidArgument, Unavailable
+from coordinator.core.errors import FailedPrecondition, InvalidArgument
 from coordinator.core.schema import Replica, Task
 
 # -------------------------------------------------------------------- instructions
@@ -147,11 +148,8 @@ class WorkerTasks:
         running = self.batch_on(shard)
         if running is None:
             return [self._start(caller, term, shard, named, todo)]
-        if all(t.id in running.tasks for t in todo):
-            running.callers[caller] = named
-            return []
-        raise Unavailable(f"shard {shard} of {self.node_id} is busy with another batch "
-                          f"({', '.join(sorted(running.tasks))}); retry once it finished")
+        running.callers[caller] = named
+        return []
 
     def tasks_changed(self, tasks: Mapping[str, Task]) -> list[Instruction]:
         """group0 changed: tasks deleted or aborted leave their batch; a batch left empty is cancelled."""
