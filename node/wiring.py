@@ -54,6 +54,7 @@ MAX_CLOCK_SKEW_MICROS = 500_000
 WORK_CALL_TIMEOUT = 120.0  # one WorkOnViewBuildingTasks call; a longer batch is answered "still running", re-sent
 SCHEMA_WAIT_TIMEOUT = 60.0  # a batch waits this long for writes begun under an older schema
 LEDGER_PRUNE_INTERVAL = 10.0
+CATCH_UP_WAIT = 1.0  # a follower usually applies the leader's commands within milliseconds; then a read barrier
 
 
 @dataclass
@@ -302,7 +303,7 @@ class Node:
 
     def catch_up_index(self, index: int) -> None:
         """Make sure this node has applied group0 up to `index` (a leader applied it, so it is committed)."""
-        if self.group0.applied_index >= index:
+        if self.group0.applied_index >= index or self.group0.wait_applied(index, CATCH_UP_WAIT):
             return
         try:
             self.group0.barrier(timeout=10.0)

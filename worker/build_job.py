@@ -2,7 +2,9 @@
 at their paired view replicas (locally without an RPC), so a retried batch changes nothing."""
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +23,8 @@ from worker.executor import BatchCancelled, BatchControl
 from worker.spark_session import NodeSpark
 from worker.spark_views import base_frame, compute_view_rows
 from worker.tasks import StartBatch
+
+log = logging.getLogger(__name__)
 
 MergeRemote = Callable[[Replica, Table, int, pa.Table], None]
 
@@ -90,22 +94,31 @@ class BuildJob:
         self._injections.hit("worker_fail_build_range")
         plan = self._read_state(lambda s: build_plan(s, control.live_tasks(), self._node_id))
         self._wait_writes_before(plan.schema_version)
+        started = time.perf_counter()
         rows = bulk.read_token_range(self._store, storage_spec(plan.base), plan.first_token, plan.last_token)
         self.stats.add(tablet_scans=1, rows_scanned=rows.num_rows)
         if rows.num_rows:
-            self._build(plan, rows, control)
+            read = time.perf_counter() - started
+            spark, merge = self._build(plan, rows, control)
+            log.info("batch %d: %s tablet %d, %d rows for %d view(s): read %.2fs, spark %.2fs, merge %.2fs",
+                     start.batch_id, plan.base.qualified_name, start.tasks[0].tablet_id, rows.num_rows,
+                     len(plan.views), read, spark, merge)
         self._injections.hit("worker_pause_before_finish")
         return rows.num_rows
 
-    def _build(self, plan: BuildPlan, rows: pa.Table, control: BatchControl) -> None:
+    def _build(self, plan: BuildPlan, rows: pa.Table, control: BatchControl) -> tuple[float, float]:
+        """Compute and deliver every view's rows; (seconds in Spark, seconds merging)."""
+        started = time.perf_counter()
         frame = base_frame(self._spark.session(), rows)
         per_view = compute_view_rows(frame, plan.base, plan.views)
         self.stats.add(spark_jobs=1)
+        computed = time.perf_counter()
         for view in plan.views:
             if control.cancelled.is_set():
                 raise BatchCancelled()
             if any(t.view_id == view.id for t in control.live_tasks()):
                 self._deliver(plan, view, per_view[view.id])
+        return computed - started, time.perf_counter() - computed
 
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
         for replica, part in by_destination(view_rows, plan.view_replicas[view.id], plan.pair).items():
