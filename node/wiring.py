@@ -237,8 +237,11 @@ class Node:
 
     def _watch_schema(self) -> None:
         """After each applied command: drop the storage of dropped tables, wake schema-barrier waiters, let the
-        worker's batches follow deleted or aborted tasks, and prune the worker's ledger now and then."""
-        seen_version = -1
+        worker's batches follow deleted or aborted tasks, and prune the worker's ledger now and then.
+
+        The dropped tables are also swept every LEDGER_PRUNE_INTERVAL: a view building batch that was merging
+        when its view was dropped may have created the view's table again after the drop's sweep."""
+        seen_version, last_sweep = -1, 0.0
         while not self._stopping.is_set():
             self._schema_changed.wait(LEDGER_PRUNE_INTERVAL)
             self._schema_changed.clear()
@@ -246,10 +249,10 @@ class Node:
             self._follow_tasks()
             try:
                 version = self.schema_version()
-                if version != seen_version:
+                if version != seen_version or time.monotonic() - last_sweep >= LEDGER_PRUNE_INTERVAL:
                     self.local.drop_dropped_tables()
-                    seen_version = version
-            except Exception:  # noqa: BLE001 - keep watching; the next schema change retries the cleanup
+                    seen_version, last_sweep = version, time.monotonic()
+            except Exception:  # noqa: BLE001 - keep watching; the next round retries the cleanup
                 log.exception("dropping the storage of dropped tables failed; will retry")
 
     def _follow_tasks(self) -> None:
