@@ -23,7 +23,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,29 +69,30 @@ class _Clusters:
             self.kill = LocalCluster(3, self._tmp.mktemp("kill-cluster"), shards=2).start()
         return self.kill
 
-    def _close(self, which: str, failed: bool = False) -> None:
+    def _close(self, which: str) -> None:
+        """Stop every process of a cluster (its data directory stays under pytest's basetemp)."""
         cluster = getattr(self, which)
         setattr(self, which, None)
         if cluster is not None:
-            cluster.close(failed=failed)
+            cluster.close()
 
-    def close_all(self, failed: bool) -> None:
+    def close_all(self) -> None:
         for which in ("shared", "kill"):
-            self._close(which, failed)
+            self._close(which)
 
 
 @pytest.fixture(scope="module")
-def _clusters(tmp_path_factory, request):
+def _clusters(tmp_path_factory):
     clusters = _Clusters(tmp_path_factory)
-    failures = request.session.testsfailed
     try:
         yield clusters
     finally:
-        clusters.close_all(failed=request.session.testsfailed > failures)
+        clusters.close_all()
 
 
 @contextmanager
 def _logs_on_failure(request, cluster: LocalCluster):
+    """Print the tail of every node log when the test using `cluster` failed (the cluster lives on)."""
     failures = request.session.testsfailed
     yield cluster
     if request.session.testsfailed > failures:  # pragma: no cover - diagnostics
@@ -175,9 +175,22 @@ def create_view(cluster: LocalCluster, ks: str, name: str = "mv", extra_where: s
                  "PRIMARY KEY (c, key, v)")
 
 
-def wait_built(cluster: LocalCluster, view: str, timeout: float = BUILD_TIMEOUT, **kwargs) -> dict:
-    return wait_until(lambda: client.wait_built(addrs(cluster), view, timeout, **kwargs), timeout + 30,
-                      f"{view} to be BUILT")
+def wait_built(cluster: LocalCluster, view: str, timeout: float = BUILD_TIMEOUT, poll: float = 0.1,
+               on_progress=None) -> dict:
+    """The status of `view` once it is BUILT (`on_progress` sees every status read before)."""
+    last: list[dict] = []
+
+    def built():
+        current = view_status(cluster, view)
+        last[:] = [current]
+        if on_progress is not None:
+            on_progress(current)
+        return current if current["state"] == "BUILT" else None
+
+    try:
+        return wait_until(built, timeout, f"{view} to be BUILT", interval=poll)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; last status: {last[0] if last else None}") from None
 
 
 def rows_of(cluster: LocalCluster, table: str) -> list[tuple]:
@@ -301,9 +314,9 @@ def stored_table_ids(node: dict) -> set[str]:
         db.close()
 
 
-def assert_no_storage(cluster: LocalCluster, table_ids: str) -> None:
-    wait_until(lambda: all(table_ids not in stored_table_ids(n) for n in cluster.nodes), 30,
-               f"the storage of dropped view {table_ids} to be removed on every node")
+def assert_no_storage(cluster: LocalCluster, dropped_id: str) -> None:
+    wait_until(lambda: all(dropped_id not in stored_table_ids(n) for n in cluster.nodes), 30,
+               f"the storage of dropped view {dropped_id} to be removed on every node")
 
 
 def vbc_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -416,49 +429,53 @@ def test_09_batches_failing_on_one_node_for_a_while_then_built(cluster):
 
 def test_11_concurrent_inserts_updates_and_deletes_during_the_whole_build(cluster):
     total = 20_000
-    make_base(cluster, "s11", rows=total)
+    make_base(cluster, "s11", rows=total, tablets=8)
     stop = threading.Event()
     errors: list[str] = []
-    operations = [0]
+    writes = [0]
     lock = threading.Lock()
 
     def writer(seed: int) -> None:
         rnd = random.Random(seed)
         addresses = addrs(cluster)
-        done = 0
+        addresses = addresses[seed % len(addresses):] + addresses[:seed % len(addresses)]
         while not stop.is_set():
-            i = rnd.randrange(total + 2_000)  # some new rows too
-            key, c = i // 10, i % 10
+            # half of the writes on a hot range (rows written again and again while their tablet is scanned),
+            # the rest anywhere, new rows too
+            i = rnd.randrange(300) if rnd.random() < 0.5 else rnd.randrange(total + 2_000)
+            key, c, v = i // 10, i % 10, f"w{seed}-{rnd.randrange(10**9)}"
             choice = rnd.random()
             if choice < 0.35:
-                statement, params = "INSERT INTO s11.tab (key, c, v) VALUES (?, ?, ?)", [key, c, f"w{seed}-{done}"]
+                statement, params = "INSERT INTO s11.tab (key, c, v) VALUES (?, ?, ?)", [key, c, v]
             elif choice < 0.8:
-                statement, params = "UPDATE s11.tab SET v = ? WHERE key = ? AND c = ?", [f"u{seed}-{done}", key, c]
+                statement, params = "UPDATE s11.tab SET v = ? WHERE key = ? AND c = ?", [v, key, c]
             else:
                 statement, params = "DELETE FROM s11.tab WHERE key = ? AND c = ?", [key, c]
             try:
-                client.execute(addresses[seed % len(addresses):] + addresses[:seed % len(addresses)], statement,
-                               params=[params])
-                done += 1
+                client.execute(addresses, statement, params=[params])
             except grpc.RpcError as error:  # pragma: no cover - reported below
                 errors.append(f"{statement} {params}: {client.error_text(error)}")
                 return
-        with lock:
-            operations[0] += done
+            with lock:
+                writes[0] += 1
 
     threads = [threading.Thread(target=writer, args=(seed,), daemon=True) for seed in range(4)]
     for thread in threads:
         thread.start()
     try:
-        wait_until(lambda: errors or all(t.is_alive() for t in threads), 10, "writers to start")
+        wait_until(lambda: errors or writes[0] >= 20, 60, "the writers to write")
         create_view(cluster, "s11")
-        wait_built(cluster, "s11.mv")
+        writes_at_create = writes[0]
+        wait_built(cluster, "s11.mv", poll=0.05)
+        writes_during_build = writes[0] - writes_at_create
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
     assert errors == []
-    assert operations[0] > 100, f"only {operations[0]} writes during the build"
+    assert not any(thread.is_alive() for thread in threads)
+    assert writes_during_build >= 10, f"only {writes_during_build} writes while the view was building"
+    print(f"s11: {writes_during_build} writes while the view was building, {writes[0]} in all")
     cluster.wait_views_flushed(timeout=60)
     assert_correct(cluster, "s11")
 
@@ -561,6 +578,7 @@ def test_10_worker_kill_9_while_paused_before_finish_then_its_ledger_answers(kil
                f"a batch on each shard of {x}")
     finished_before = local_worker_stats(cluster, x).tasks_finished
     inject(cluster, "worker_pause_before_finish", nodes=[x], one_shot=True)
+    assert cluster.wait_for_leader() == leader  # who is frozen below was chosen by it
     frozen = [cluster.node(leader)["pid"], cluster.node(y)["pid"]]
     try:
         for pid in frozen:
