@@ -63,9 +63,9 @@ def baseline(tmp: Path, rows: int) -> float:
     return seconds
 
 
-def start(tmp: Path, name: str, nodes: int) -> tuple[Path, list[str]]:
+def start(tmp: Path, name: str, nodes: int, shards: int = 1) -> tuple[Path, list[str]]:
     data_dir = tmp / name
-    cluster = cluster_mod.start_cluster(data_dir, nodes=nodes, shards=1)
+    cluster = cluster_mod.start_cluster(data_dir, nodes=nodes, shards=shards)
     return data_dir, [node["grpc"] for node in cluster["nodes"]]
 
 
@@ -116,8 +116,8 @@ def _children(pid: int) -> list[int]:
     return children
 
 
-def bench_build(tmp: Path, nodes: int, rows: int, tablets: int) -> dict:
-    data_dir, addresses = start(tmp, f"build{nodes}", nodes)
+def bench_build(tmp: Path, nodes: int, rows: int, tablets: int, shards: int) -> dict:
+    data_dir, addresses = start(tmp, f"build{nodes}", nodes, shards)
     try:
         table_id = create_base(addresses, rf=nodes, tablets=tablets)
         spec = TableSpec(table_id, BASE.partition_key, BASE.clustering_key, BASE.regular)
@@ -154,6 +154,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--tablets", type=int, default=4, help="tablets of the 1M-row base table (default 4)")
+    parser.add_argument("--shards", type=int, default=2, help="shards per node: batches run in parallel per shard")
     parser.add_argument("--coordination-tablets", type=int, default=256)
     parser.add_argument("--skip-3-nodes", action="store_true")
     parser.add_argument("--skip-coordination", action="store_true")
@@ -163,13 +164,13 @@ def main() -> None:
         base_seconds = baseline(tmp, args.rows)
         print(f"baseline: SQLite INSERT..SELECT..ON CONFLICT DO UPDATE..WHERE newer, {args.rows:,} rows: "
               f"{base_seconds:.2f} s")
-        one = bench_build(tmp, 1, args.rows, args.tablets)
-        print(f"1 node RF 1, {args.rows:,} rows, {one['tasks']} tasks: CREATE MATERIALIZED VIEW -> BUILT "
+        one = bench_build(tmp, 1, args.rows, args.tablets, args.shards)
+        print(f"1 node RF 1, {args.shards} shard(s), {args.rows:,} rows, {one['tasks']} tasks: CREATE MATERIALIZED VIEW -> BUILT "
               f"{one['seconds']:.2f} s; ratio {one['seconds'] / base_seconds:.2f} (target <= 2)")
         print("  peak memory: " + ", ".join(f"{k} {mib(v)}" for k, v in one["memory"].items()))
         if not args.skip_3_nodes:
-            three = bench_build(tmp, 3, args.rows, args.tablets)
-            print(f"3 nodes RF 3, {args.rows:,} rows x 3 replicas, {three['tasks']} tasks: "
+            three = bench_build(tmp, 3, args.rows, args.tablets, args.shards)
+            print(f"3 nodes RF 3, {args.shards} shard(s) each, {args.rows:,} rows x 3 replicas, {three['tasks']} tasks: "
                   f"{three['seconds']:.2f} s; ratio to one baseline build {three['seconds'] / base_seconds:.2f} "
                   f"(target <= 6)")
             print("  peak memory (n1): " + ", ".join(f"{k} {mib(v)}" for k, v in three["memory"].items()))

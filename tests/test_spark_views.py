@@ -414,3 +414,30 @@ def test_base_frame_keeps_every_row_whatever_the_batch_layout(spark):
         frame = sv.base_frame(spark, pa.Table.from_batches(batches, schema=schema))
         assert frame.count() == sum(layout), layout
         assert frame.schema.names == ["a", "b"]
+
+
+def test_staged_frame_reads_back_every_value_and_removes_its_file(node_spark):
+    """The Parquet-staged DataFrame holds exactly the Arrow rows (nulls, NaN, -0.0, unicode, 64-bit extremes)."""
+    schema = pa.schema([pa.field("i", pa.int32(), nullable=False), pa.field("b", pa.int64()),
+                        pa.field("d", pa.float64()), pa.field("s", pa.string()), pa.field("t", pa.bool_())])
+    rows = pa.Table.from_batches([
+        pa.record_batch([pa.array([1, 2, 3], pa.int32()), pa.array([2**63 - 1, -2**63, None]),
+                         pa.array([float("nan"), -0.0, None]), pa.array(["é中😀", "", None]),
+                         pa.array([True, None, False])], schema=schema),
+        pa.record_batch([pa.array([], pa.int32()), pa.array([], pa.int64()), pa.array([], pa.float64()),
+                         pa.array([], pa.string()), pa.array([], pa.bool_())], schema=schema),
+        pa.record_batch([pa.array([4], pa.int32()), pa.array([0]), pa.array([1.5]), pa.array(["x"]),
+                         pa.array([True])], schema=schema)], schema=schema)
+    with sv.staged_frame(node_spark, rows) as frame:
+        got = frame.toArrow()
+        assert len(list(node_spark.scratch_dir().iterdir())) == 1
+    assert list(node_spark.scratch_dir().iterdir()) == []
+    got_rows, want_rows = got.to_pylist(), rows.to_pylist()
+    assert [r["i"] for r in got_rows] == [1, 2, 3, 4]
+    for got_row, want_row in zip(got_rows, want_rows):
+        for name, want in want_row.items():
+            value = got_row[name]
+            if isinstance(want, float) and math.isnan(want):
+                assert math.isnan(value)
+            else:
+                assert value == want and (not isinstance(want, float) or math.copysign(1, value) == math.copysign(1, want))

@@ -21,7 +21,7 @@ from storage.store import NodeStore
 
 from worker.executor import BatchCancelled, BatchControl
 from worker.spark_session import NodeSpark
-from worker.spark_views import base_frame, compute_view_rows
+from worker.spark_views import compute_view_rows, staged_frame
 from worker.tasks import StartBatch
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,8 @@ class BuildJob:
     def _build(self, plan: BuildPlan, rows: pa.Table, control: BatchControl) -> tuple[float, float]:
         """Compute and deliver every view's rows; (seconds in Spark, seconds merging)."""
         started = time.perf_counter()
-        frame = base_frame(self._spark.session(), rows)
-        per_view = compute_view_rows(frame, plan.base, plan.views)
+        with staged_frame(self._spark, rows) as frame:
+            per_view = compute_view_rows(frame, plan.base, plan.views)
         self.stats.add(spark_jobs=1)
         computed = time.perf_counter()
         for view in plan.views:

@@ -21,7 +21,7 @@ from coordinator.core.tokens import tablet_range
 from storage.store import value_column_name
 
 from worker.spark_session import NodeSpark
-from worker.spark_views import MERGE, base_frame, quote, tablet_sql, view_rows
+from worker.spark_views import MERGE, quote, staged_frame, tablet_sql, view_rows
 
 ReadRange = Callable[[Replica, Table, int, int, int], pa.Table]  # (replica, table, schema_version, first, last)
 KINDS = ("MISSING", "EXTRA", "DIFFERENT")
@@ -103,30 +103,30 @@ def _read_all(table: Table, replicas: tuple[tuple[Replica, ...], ...], pair: int
 
 def _compare(plan: CheckPlan, pair: int, base_rows: pa.Table, stored: pa.Table, spark: NodeSpark,
              max_examples: int, result: CheckResult) -> None:
-    session = spark.session()
     view = plan.view
     keys = [value_column_name(n) for n in view.primary_key]
     values = [value_column_name(c.name) for c in view.regular_columns]
-    expected = view_rows(base_frame(session, base_rows), plan.base, view, MERGE)
-    expected = expected.selectExpr("token", *[f"{quote(k)}" for k in keys],
-                                   *[f"{quote(v)} AS {quote('e_' + v)}" for v in values], "TRUE AS __e")
-    found = base_frame(session, stored.select(["token", *keys, *values]))
-    found = found.selectExpr("token AS __token_s", *[quote(k) for k in keys],
-                             *[f"{quote(v)} AS {quote('s_' + v)}" for v in values], "TRUE AS __s")
-    joined = expected.join(found, on=keys, how="full_outer")
-    differs = " OR ".join(f"NOT ({quote('e_' + v)} <=> {quote('s_' + v)})" for v in values) or "FALSE"
-    kind = (f"CASE WHEN __s IS NULL THEN 'MISSING' WHEN __e IS NULL THEN 'EXTRA' "
-            f"WHEN {differs} THEN 'DIFFERENT' END")
-    tablet = tablet_sql("COALESCE(token, __token_s)", len(plan.view_replicas))
-    diffs = joined.selectExpr("*", f"{kind} AS __kind", f"{tablet} AS __tablet").where("__kind IS NOT NULL")
-    for row in diffs.groupBy("__kind").count().collect():
-        result.counts[row["__kind"]] += row["count"]
-    for name in KINDS:
-        if not result.counts[name] or _examples_of(result, name) >= max_examples:
-            continue
-        wanted = max_examples - _examples_of(result, name)
-        for row in diffs.where(f"__kind = '{name}'").limit(wanted).collect():
-            result.examples.append(_difference(plan, pair, row.asDict(), keys, values))
+    with staged_frame(spark, base_rows) as base_frame, \
+            staged_frame(spark, stored.select(["token", *keys, *values])) as stored_frame:
+        expected = view_rows(base_frame, plan.base, view, MERGE)
+        expected = expected.selectExpr("token", *[f"{quote(k)}" for k in keys],
+                                       *[f"{quote(v)} AS {quote('e_' + v)}" for v in values], "TRUE AS __e")
+        found = stored_frame.selectExpr("token AS __token_s", *[quote(k) for k in keys],
+                                        *[f"{quote(v)} AS {quote('s_' + v)}" for v in values], "TRUE AS __s")
+        joined = expected.join(found, on=keys, how="full_outer")
+        differs = " OR ".join(f"NOT ({quote('e_' + v)} <=> {quote('s_' + v)})" for v in values) or "FALSE"
+        kind = (f"CASE WHEN __s IS NULL THEN 'MISSING' WHEN __e IS NULL THEN 'EXTRA' "
+                f"WHEN {differs} THEN 'DIFFERENT' END")
+        tablet = tablet_sql("COALESCE(token, __token_s)", len(plan.view_replicas))
+        diffs = joined.selectExpr("*", f"{kind} AS __kind", f"{tablet} AS __tablet").where("__kind IS NOT NULL")
+        for row in diffs.groupBy("__kind").count().collect():
+            result.counts[row["__kind"]] += row["count"]
+        for name in KINDS:
+            wanted = max_examples - _examples_of(result, name)
+            if not result.counts[name] or wanted <= 0:
+                continue
+            for row in diffs.where(f"__kind = '{name}'").limit(wanted).collect():
+                result.examples.append(_difference(plan, pair, row.asDict(), keys, values))
 
 
 def _examples_of(result: CheckResult, kind: str) -> int:

@@ -263,6 +263,15 @@ class NodeSpark:
                 self._session = _JVM.acquire(self.config)
             return self._session
 
+    def scratch_dir(self) -> Path | None:
+        """Where Arrow tables are staged as Parquet files for Spark to read: the node's Spark scratch space when
+        the master is local (a remote cluster's executors could not see the file), else None."""
+        if not self.config.master.startswith("local") or self.config.local_dir() is None:
+            return None
+        directory = self.config.local_dir() / "frames"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
     def stop(self) -> None:
         """Stop the session (a no-op when it never started); later `session()` calls fail."""
         with self._lock:

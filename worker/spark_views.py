@@ -41,15 +41,22 @@ row), split per view in pyarrow.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from coordinator.core.schema import Filter, Table
 from coordinator.core.tokens import MIN_TOKEN, is_power_of_two, spark_token_sql
 from storage.store import ts_column_name, value_column_name
+
+if TYPE_CHECKING:
+    from worker.spark_session import NodeSpark
 
 STORAGE = "storage"
 MERGE = "merge"
@@ -273,6 +280,28 @@ def base_frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
     """
     batches = [batch for batch in rows.to_batches() if batch.num_rows]
     return spark.createDataFrame(pa.Table.from_batches(batches, schema=rows.schema))
+
+
+@contextmanager
+def staged_frame(spark: NodeSpark, rows: pa.Table) -> Iterator[DataFrame]:
+    """A DataFrame of `rows` for the duration of the block.
+
+    With a local master the table is staged as an uncompressed Parquet file in the node's Spark scratch space
+    and read by Spark's vectorized reader (measured on 250,000 storage-layout rows: 0.15 s to write, and the
+    view job then took 0.9 s against 2.3-2.5 s from `createDataFrame`, whose rows travel inside the tasks);
+    the file is deleted when the block ends, so run the Spark actions inside it. Otherwise `base_frame`.
+    """
+    scratch = spark.scratch_dir()
+    session = spark.session()
+    if scratch is None:
+        yield base_frame(session, rows)
+        return
+    path = scratch / f"{uuid.uuid4().hex}.parquet"
+    pq.write_table(rows, path, compression="none")
+    try:
+        yield session.read.parquet(str(path))
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def tablet_sql(token: str, tablet_count: int) -> str:
