@@ -317,11 +317,15 @@ class Node:
                               f"the request needs {index}")
 
     def _status_barrier(self) -> None:
-        """Before answering a status: apply what the leader committed, so progress read here never goes back."""
-        try:
-            self.group0.barrier(timeout=1.0)
-        except Group0Unavailable:
-            pass  # no leader: answer from what this node applied
+        """Before answering a status: apply what the leader has applied, so progress read here never goes back.
+
+        Asks the leader for its applied index and waits for it (no Raft entry is written: status is polled)."""
+        leader = self.group0.leader_id
+        if not leader or leader == self.node_id:
+            return
+        local = self.probe(leader)
+        if local is not None:
+            self.group0.wait_applied(local.applied_index, 1.0)
 
     def _send_batch(self, node: str, shard: int, task_ids: tuple[str, ...], term: int,
                     applied_index: int) -> futures.Future:

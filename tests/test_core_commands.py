@@ -372,3 +372,8 @@ def test_a_snapshot_written_before_loop_terms_restores_term_zero():
     assert restored.view_building_term == 0 and restored.tasks == state.tasks
     assert restored.apply(SetProcessingBase(term=1, base_id=base_id, cmd_id=None)).ok
     assert pickle.loads(pickle.dumps(restored)).view_building_term == 1
+
+
+def test_a_finish_command_journaled_before_rows_scanned_existed_still_decodes():
+    entry = {"op": "finish_view_building_tasks", "v": JOURNAL_VERSION, "cmd_id": "f", "term": 2, "task_ids": ["a"]}
+    assert decode(entry) == FinishViewBuildingTasks(term=2, task_ids=("a",), cmd_id="f")

@@ -149,3 +149,14 @@ def test_a_caller_that_stops_waiting_gets_unavailable_and_the_batch_goes_on(work
     jobs.finish(jobs.started[0][0].batch_id)
     assert executor.work(1, 0, ["a"], timeout=WAIT).finished == ("a",)
     assert ledger.ids == {"a"}
+
+
+def test_a_ledger_that_cannot_be_written_fails_the_batch_and_frees_the_shard(worker):
+    executor, _, ledger, jobs = worker
+    ledger.record = lambda ids: (_ for _ in ()).throw(OSError("disk full"))
+    thread, result = call(executor, 1, 0, ["a"])
+    jobs.wait_started(1)
+    jobs.finish(jobs.started[0][0].batch_id)
+    thread.join(WAIT)
+    assert "disk full" in (result.get("answer").error or "")
+    assert executor.running_batches() == 0 and executor.counters.batches_failed == 1

@@ -171,10 +171,30 @@ class WorkerExecutor:
         except Exception as error:  # noqa: BLE001 - a failed batch is reported to its callers, who retry
             self._failed(start, error)
             return
+        try:
+            tasks = self._read_tasks()
+        except Exception as error:  # noqa: BLE001 - a failed batch, retried by the coordinator
+            self._failed(start, error)
+            return
         with self._lock:
             self._controls.pop(start.batch_id, None)
             self.counters.rows_scanned += rows
-            self._carry_out(self._book.batch_succeeded(start.batch_id, self._read_tasks(), rows_scanned=rows))
+            instructions = self._book.batch_succeeded(start.batch_id, tasks, rows_scanned=rows)
+            try:
+                self._carry_out(instructions)  # the ledger first, then the answers
+            except Exception as error:  # noqa: BLE001 - e.g. the ledger could not be written
+                self._not_recorded(start, instructions, error)
+
+    def _not_recorded(self, start: StartBatch, instructions: list[Instruction], error: Exception) -> None:
+        """The ledger refused a succeeded batch's ids: they are not finished; every caller gets the error."""
+        log.error("recording view building batch %s (%s) as finished failed: %s", start.batch_id,
+                  ", ".join(start.task_ids), error)
+        self.counters.batches_failed += 1
+        for instruction in instructions:
+            if isinstance(instruction, RecordFinished):
+                self._book.not_finished(instruction.task_ids)
+            elif isinstance(instruction, Answer):
+                self._answer(Answer(instruction.caller, (), error=f"the finished-task ledger failed: {error}"))
 
     def _failed(self, start: StartBatch, error: Exception) -> None:
         message = error.message if isinstance(error, CoreError) else f"{type(error).__name__}: {error}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -249,6 +250,7 @@ class NodeSpark:
         self._lock = threading.Lock()
         self._session = None
         self._stopped = False
+        self._scratch_ready = False
 
     @property
     def started(self) -> bool:
@@ -269,7 +271,11 @@ class NodeSpark:
         if not self.config.master.startswith("local") or self.config.local_dir() is None:
             return None
         directory = self.config.local_dir() / "frames"
-        directory.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            if not self._scratch_ready:
+                shutil.rmtree(directory, ignore_errors=True)  # files a killed process left behind
+                self._scratch_ready = True
+            directory.mkdir(parents=True, exist_ok=True)
         return directory
 
     def stop(self) -> None:

@@ -297,8 +297,8 @@ def staged_frame(spark: NodeSpark, rows: pa.Table) -> Iterator[DataFrame]:
         yield base_frame(session, rows)
         return
     path = scratch / f"{uuid.uuid4().hex}.parquet"
-    pq.write_table(rows, path, compression="none")
     try:
+        pq.write_table(rows, path, compression="none")
         yield session.read.parquet(str(path))
     finally:
         path.unlink(missing_ok=True)

@@ -185,6 +185,10 @@ class WorkerTasks:
             return []
         return [Answer(c, (), error=error) for c in batch.callers]
 
+    def not_finished(self, task_ids: Iterable[str]) -> None:
+        """Recording these ids in the durable ledger failed: they are not finished after all."""
+        self._finished.difference_update(task_ids)
+
     def prune(self, tasks: Mapping[str, Task]) -> list[Instruction]:
         """Forget ledger ids group0 no longer holds (only once caught up with group0)."""
         stale = tuple(sorted(i for i in self._finished if i not in tasks))

@@ -293,6 +293,8 @@ class _Field(NamedTuple):
 
 
 _REQUIRED = object()
+# Fields added to a version 2 command after entries without them were journaled: absent means the default.
+ADDED_WITH_DEFAULT = frozenset({"rows_scanned"})
 _ENVELOPE = ("op", "v")
 
 
@@ -360,6 +362,8 @@ def _version_of(op: str, entry: dict) -> int:
 def _decode_field(op: str, field: _Field, entry: dict, version: int) -> object:
     if field.name not in entry:
         if version == LEGACY_VERSION and field.legacy_default is not _REQUIRED:
+            return field.legacy_default
+        if field.name in ADDED_WITH_DEFAULT:
             return field.legacy_default
         raise InvalidArgument(f"malformed {op} command: missing field {field.name!r}")
     raw = entry[field.name]
