@@ -84,8 +84,8 @@ class BatchReply:
     rows_scanned: int = 0
 
 
-# send_batch(node, shard, task_ids, term, applied_index) -> a future of a BatchReply (or of the finished ids)
-SendBatchFn = Callable[[str, int, tuple[str, ...], int, int], "Future[BatchReply | list[str]]"]
+# send_batch(node, shard, task_ids, term, applied_index) -> a future of the worker's BatchReply
+SendBatchFn = Callable[[str, int, tuple[str, ...], int, int], "Future[BatchReply]"]
 
 
 @dataclasses.dataclass
@@ -286,9 +286,9 @@ class ViewBuildingLoop:
                 continue
             self._retry.succeeded(replica)
             reply = future.result()
-            finished = set(getattr(reply, "finished", reply) or ()) & set(batch.task_ids)
+            finished = set(reply.finished) & set(batch.task_ids)
             for task_id in finished - self._pending:
-                self._rows_scanned[task_id] = getattr(reply, "rows_scanned", 0)
+                self._rows_scanned[task_id] = reply.rows_scanned
             self._metrics.view_building_tasks_finished.inc(len(finished - self._pending))
             if finished and not self._pending:
                 self._next_flush = now + self._flush_interval

@@ -110,7 +110,7 @@ class Node:
         self.ledger = FinishedTaskLedger.for_data_dir(self.data_dir)
         self.build_job = BuildJob(self.node_id, self.store, self.spark, self.group0.read,
                                   lambda version: self.wait_schema_applied(version, SCHEMA_WAIT_TIMEOUT),
-                                  self._merge_remote_view_rows, self.injections)
+                                  self._merge_view_rows, self.injections)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
                                      self.build_job, max_parallel=max(2, config.shards))
         self.view_building = ViewBuildingLoop(
@@ -237,11 +237,8 @@ class Node:
 
     def _watch_schema(self) -> None:
         """After each applied command: drop the storage of dropped tables, wake schema-barrier waiters, let the
-        worker's batches follow deleted or aborted tasks, and prune the worker's ledger now and then.
-
-        The dropped tables are also swept every LEDGER_PRUNE_INTERVAL: a view building batch that was merging
-        when its view was dropped may have created the view's table again after the drop's sweep."""
-        seen_version, last_sweep = -1, 0.0
+        worker's batches follow deleted or aborted tasks, and prune the worker's ledger now and then."""
+        seen_version = -1
         while not self._stopping.is_set():
             self._schema_changed.wait(LEDGER_PRUNE_INTERVAL)
             self._schema_changed.clear()
@@ -249,10 +246,10 @@ class Node:
             self._follow_tasks()
             try:
                 version = self.schema_version()
-                if version != seen_version or time.monotonic() - last_sweep >= LEDGER_PRUNE_INTERVAL:
+                if version != seen_version:
                     self.local.drop_dropped_tables()
-                    seen_version, last_sweep = version, time.monotonic()
-            except Exception:  # noqa: BLE001 - keep watching; the next round retries the cleanup
+                    seen_version = version
+            except Exception:  # noqa: BLE001 - keep watching; the next schema change retries the cleanup
                 log.exception("dropping the storage of dropped tables failed; will retry")
 
     def _follow_tasks(self) -> None:
@@ -348,8 +345,11 @@ class Node:
         call.add_done_callback(done)
         return reply
 
-    def _merge_remote_view_rows(self, replica, view, schema_version: int, rows) -> None:
-        self._transport.merge_view_rows(replica.node, view.id, replica.shard, schema_version, rows)
+    def _merge_view_rows(self, replica, view, schema_version: int, rows) -> int:
+        """A batch's view rows into one view replica: this node's without an RPC, another's over MergeViewRows."""
+        if replica.node == self.node_id:
+            return self.local.merge_view_rows(view.id, schema_version, rows)
+        return self._transport.merge_view_rows(replica.node, view.id, replica.shard, schema_version, rows)
 
     def check_view(self, keyspace: str, name: str, max_examples: int) -> CheckResult:
         """`vbc check`: compare the view with its function of the base table (worker/check.py)."""

@@ -118,10 +118,10 @@ class LocalData:
             return 0  # the view was dropped meanwhile: its rows are moot
         if view.view is None:
             raise InvalidArgument(f"{view.qualified_name} is a base table, not a view: view rows cannot go into it")
-        self.tables.ensure(view)
         try:
+            self.tables.ensure(view)
             changed = bulk.merge_view_rows(self.tables.store, storage_spec(view), rows)
-        except KeyError:
+        except (NotFound, KeyError):
             return 0  # dropped between the read above and the merge
         self._metrics.rows_applied.labels("view").inc(changed)
         return changed

@@ -23,9 +23,13 @@ class LocalTables:
         self._ensure_lock = threading.Lock()
 
     def ensure(self, table: Table) -> None:
+        """Create the table's storage if missing; NotFound for a dropped table, whose storage never comes back
+        (checked under the lock `drop_dropped` holds, so a late writer cannot recreate it after the sweep)."""
         if table.id in self._ensured:
             return
         with self._ensure_lock:
+            if table.id in self._read_state(lambda s: s.dropped_tables):
+                raise NotFound(f"{table.qualified_name} was dropped")
             self.store.ensure_table(storage_spec(table))
             self._ensured.add(table.id)
 

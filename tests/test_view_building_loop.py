@@ -24,7 +24,7 @@ from coordinator.core.commands import (
 from coordinator.core.errors import Unavailable
 from coordinator.core.planner import Backoff
 from coordinator.core.schema import BUILD_STARTED, BUILD_SUCCESS, Replica
-from coordinator.view_building import PAUSE_POINT, ViewBuildingLoop
+from coordinator.view_building import PAUSE_POINT, BatchReply, ViewBuildingLoop
 
 from .fakes import FakeGroup0
 
@@ -98,7 +98,7 @@ class FakeWorkers:
         if failing:
             future.set_exception(Unavailable(f"node {replica.node} is down"))
         else:
-            future.set_result(list(task_ids))
+            future.set_result(BatchReply(tuple(task_ids)))
 
     def release(self, replicas=None) -> int:
         with self.cond:

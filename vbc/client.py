@@ -216,9 +216,7 @@ def node_status_to_dict(node: pb.NodeStatus) -> dict:
 
 
 def worker_stats_to_dict(stats: pb.WorkerStats) -> dict:
-    return {"spark_jobs": stats.spark_jobs, "tablet_scans": stats.tablet_scans, "rows_scanned": stats.rows_scanned,
-            "tasks_finished": stats.tasks_finished, "tasks_answered_from_ledger": stats.tasks_answered_from_ledger,
-            "batches_running": stats.batches_running, "batches_failed": stats.batches_failed}
+    return {field.name: getattr(stats, field.name) for field in stats.DESCRIPTOR.fields}
 
 
 def view_status_to_dict(view: pb.ViewStatus) -> dict:

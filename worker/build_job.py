@@ -1,5 +1,6 @@
 """One build_range batch as one Spark job: scan the base tablet replica once, compute every view's rows, merge them
-at their paired view replicas (locally without an RPC), so a retried batch changes nothing."""
+at their paired view replicas (through `merge_view_rows`: the node merges locally without an RPC), so a retried
+batch changes nothing."""
 from __future__ import annotations
 
 import logging
@@ -26,7 +27,7 @@ from worker.tasks import StartBatch
 
 log = logging.getLogger(__name__)
 
-MergeRemote = Callable[[Replica, Table, int, pa.Table], None]
+MergeViewRows = Callable[[Replica, Table, int, pa.Table], object]  # (view replica, view, schema version, rows)
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,13 @@ class BuildJob:
     """`run_batch` of the worker executor: the batch's scan, Spark job and merges; returns the rows scanned."""
 
     def __init__(self, node_id: str, store: NodeStore, spark: NodeSpark, read_state: Callable,
-                 wait_writes_before: Callable[[int], None], merge_remote: MergeRemote, injections: Injections):
+                 wait_writes_before: Callable[[int], None], merge_view_rows: MergeViewRows, injections: Injections):
         self._node_id = node_id
         self._store = store
         self._spark = spark
         self._read_state = read_state
         self._wait_writes_before = wait_writes_before
-        self._merge_remote = merge_remote
+        self._merge_view_rows = merge_view_rows
         self._injections = injections
         self.stats = BuildStats()
 
@@ -122,11 +123,7 @@ class BuildJob:
 
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
         for replica, part in by_destination(view_rows, plan.view_replicas[view.id], plan.pair).items():
-            if replica.node == self._node_id:
-                self._store.ensure_table(storage_spec(view))
-                bulk.merge_view_rows(self._store, storage_spec(view), part)
-            else:
-                self._merge_remote(replica, view, plan.schema_version, part)
+            self._merge_view_rows(replica, view, plan.schema_version, part)
 
 
 def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...], pair: int) -> dict[Replica, pa.Table]:
