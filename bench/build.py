@@ -135,8 +135,8 @@ def bench_build(tmp: Path, nodes: int, rows: int, tablets: int, shards: int) -> 
     return {"seconds": seconds, "memory": memory, "tasks": view["tasks_total"]}
 
 
-def bench_coordination(tmp: Path, tablets: int) -> dict:
-    data_dir, addresses = start(tmp, "coordination", 3)
+def bench_coordination(tmp: Path, tablets: int, shards: int) -> dict:
+    data_dir, addresses = start(tmp, "coordination", 3, shards)
     try:
         create_base(addresses, rf=3, tablets=tablets)
         seconds = build_seconds(addresses)
@@ -175,9 +175,10 @@ def main() -> None:
                   f"(target <= 6)")
             print("  peak memory (n1): " + ", ".join(f"{k} {mib(v)}" for k, v in three["memory"].items()))
         if not args.skip_coordination:
-            coordination = bench_coordination(tmp, args.coordination_tablets)
+            coordination = bench_coordination(tmp, args.coordination_tablets, args.shards)
             per_task = coordination["seconds"] / coordination["tasks"] * 1000
-            print(f"coordination: empty table, {args.coordination_tablets} tablets RF 3, {coordination['tasks']} "
+            print(f"coordination: empty table, {args.coordination_tablets} tablets RF 3, {args.shards} shard(s) each, "
+                  f"{coordination['tasks']} "
                   f"tasks: {coordination['seconds']:.2f} s, {per_task:.2f} ms per task (target <= 5)")
 
 

@@ -49,11 +49,13 @@ from coordinator.core.commands import Command
 from coordinator.core.planner import (
     Backoff,
     LogLimiter,
+    ReplicaQueues,
     RetrySchedule,
     SendBatch,
     pending_finished,
     plan_dispatch,
     plan_flush,
+    replica_queues,
 )
 from coordinator.core.schema import Replica
 from coordinator.core.state import Group0State
@@ -140,6 +142,8 @@ class ViewBuildingLoop:
         self._next_flush: float | None = None
         self._retry = RetrySchedule(self._backoff)
         self._warn_limiter = LogLimiter()
+        self._queues: tuple[int, ReplicaQueues] | None = None  # (group0 applied index, replica_queues then)
+        self._settled_at: int | None = None  # the applied index at which a flush last found nothing to do
 
     # ---------------------------------------------------------------- lifecycle and wake-ups
 
@@ -256,6 +260,8 @@ class ViewBuildingLoop:
         self._rows_scanned.clear()
         self._next_flush = None
         self._retry = RetrySchedule(self._backoff)
+        self._queues = None
+        self._settled_at = None
 
     # ---------------------------------------------------------------- completions
 
@@ -300,7 +306,11 @@ class ViewBuildingLoop:
         term = self._term
         if self._pending and self._next_flush is not None and now < self._next_flush:
             return
+        index = self._applied_index()
+        if not self._pending and self._settled_at == index:
+            return  # nothing finished and the state unchanged since the last flush found nothing to settle
         command = self._group0.read(lambda s: plan_flush(s, term, self._pending, self._rows_scanned))
+        self._settled_at = index if command is None and not self._pending else None
         if command is not None and self._propose(command):
             self._metrics.view_building_flushes.inc()
         self._pending = set(self._group0.read(lambda s: pending_finished(s, self._pending)))
@@ -320,10 +330,21 @@ class ViewBuildingLoop:
                 pass
         return True
 
+    def _replica_queues(self, state: Group0State, index: int) -> ReplicaQueues:
+        """`replica_queues` of the processing base, computed once per group0 applied index.
+
+        `index` is read before the state is: the state may be newer than it (then the next round misses the
+        cache), never older."""
+        if self._queues is None or self._queues[0] != index:
+            self._queues = (index, replica_queues(state, state.processing_base))
+        return self._queues[1]
+
     def _dispatch(self, term: int, now: float) -> None:
+        index = self._applied_index()
         busy = frozenset(self._in_flight) | self._retry.waiting(now)
         pending = frozenset(self._pending)
-        plan = self._group0.read(lambda s: plan_dispatch(s, term, busy, frozenset(s.nodes), pending))
+        plan = self._group0.read(lambda s: plan_dispatch(s, term, busy, frozenset(s.nodes), pending,
+                                                          self._replica_queues(s, index)))
         if plan.deposed:
             self._deposed_by_newer(term)
             return

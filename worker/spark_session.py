@@ -40,6 +40,14 @@ logger.sparkconf.level = error
 """
 
 
+# The driver JVM's default options. A view-building job is short (a few seconds per tablet) and the JVM of a
+# node runs few of them, so most of a build's JVM time went into C2 JIT compilation: measured over four
+# 250,000-row view jobs after a 10-row warm-up, C1 only with the parallel collector used 5.6 CPU-seconds
+# against 8.3 with the JVM's defaults, in the same wall time. Long-lived nodes with heavy builds may prefer
+# full tiered compilation (`--spark-java-options ""`).
+DEFAULT_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
+
+
 def default_master() -> str:
     """`local[N]` with N the number of CPUs of this machine."""
     return f"local[{os.cpu_count() or 1}]"
@@ -55,6 +63,7 @@ class SparkConfig:
     max_records_per_batch: int = 100_000
     shuffle_partitions: int = 2
     jvm_log_level: str = "WARN"
+    java_options: str = DEFAULT_JAVA_OPTIONS
     extra: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -83,7 +92,7 @@ def spark_conf(config: SparkConfig, log4j_file: Path) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.caseSensitive": "true",  # quoted CQL names keep their case: "X" and x are two columns
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j_file.as_uri()}",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j_file.as_uri()} {config.java_options}".strip(),
     }
     if config.master.startswith("local"):
         conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})

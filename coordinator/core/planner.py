@@ -3,10 +3,12 @@
 In the style of dask's worker state machine: the loop (`coordinator/view_building.py`) owns the clock, the
 threads and gRPC, and asks these functions what to do; they read the group0 state and never change it.
 
-- `plan_dispatch(state, term, busy, live_nodes, finished) -> Plan`, called whenever the loop wakes (a
-  command applied, an RPC answered or failed, a backoff ran out): send every `SendBatch` as
+- `plan_dispatch(state, term, busy, live_nodes, finished, queues=None) -> Plan`, called whenever the loop
+  wakes (a command applied, an RPC answered or failed, a backoff ran out): send every `SendBatch` as
   `WorkOnViewBuildingTasks`, propose every command (not re-proposing one still in flight). `busy` holds
-  the replicas with a call in flight *or waiting out a retry backoff* (`RetrySchedule.waiting`).
+  the replicas with a call in flight *or waiting out a retry backoff* (`RetrySchedule.waiting`). `queues`
+  are `replica_queues(state, state.processing_base)`: a function of the state alone, so the loop computes
+  them once per applied group0 index (one pass over the task table) and reuses them while only calls finish.
 - `plan_flush(state, term, finished) -> FinishViewBuildingTasks | None`, called every ~200 ms: the one
   command removing the finished tasks the loop holds. The loop keeps only `pending_finished(...)` of them.
 - A plan with `deposed` set means a newer leader's loop has proposed a command: stop this loop.
@@ -66,16 +68,14 @@ class Plan:
 
 
 def plan_dispatch(state: Group0State, term: int, busy: Set[Replica], live_nodes: Set[str],
-                  finished: Set[str]) -> Plan:
+                  finished: Set[str], queues: ReplicaQueues | None = None) -> Plan:
     """The batches to send and the processing-base command to propose, for a loop of Raft `term`."""
     if is_deposed(state, term):
         return Plan(deposed=True)
-    base = state.processing_base
-    batches = tuple(
-        SendBatch(replica.node, replica.shard, batch)
-        for replica, batch in batches_of_base(state, base, finished).items()
-        if replica not in busy and replica.node in live_nodes
-    ) if base is not None else ()
+    if queues is None:
+        queues = replica_queues(state, state.processing_base)
+    idle = [r for r in sorted(queues) if r not in busy and r.node in live_nodes]
+    batches = tuple(SendBatch(r.node, r.shard, ids) for r in idle if (ids := next_batch(queues[r], finished)))
     return Plan(batches=batches, commands=_processing_base_commands(state, term))
 
 
@@ -132,23 +132,39 @@ def _processing_base_commands(state: Group0State, term: int) -> tuple[Command, .
 # -------------------------------------------------------------------- batches
 
 
+ReplicaQueues = Mapping[Replica, tuple[Task, ...]]
+
+
+def replica_queues(state: Group0State, base_id: str | None) -> dict[Replica, tuple[Task, ...]]:
+    """Every replica's live tasks of `base_id` in dispatch order: by tablet id, then task id."""
+    by_replica: dict[Replica, list[Task]] = {}
+    if base_id is not None:
+        for task in state.tasks.values():
+            if task.base_id == base_id and is_live(task):
+                by_replica.setdefault(task.replica, []).append(task)
+    return {replica: tuple(sorted(tasks, key=lambda t: (t.tablet_id, t.id))) for replica, tasks in by_replica.items()}
+
+
 def batches_of_base(state: Group0State, base_id: str, finished: Set[str]) -> dict[Replica, tuple[str, ...]]:
     """For every replica with sendable tasks of `base_id`, the ids of its next batch, by replica (sorted)."""
-    by_replica: dict[Replica, list[Task]] = {}
-    for task in state.tasks.values():
-        if task.base_id == base_id and is_live(task) and task.id not in finished:
-            by_replica.setdefault(task.replica, []).append(task)
-    return {replica: next_batch(by_replica[replica]) for replica in sorted(by_replica)}
+    queues = replica_queues(state, base_id)
+    batches = {replica: next_batch(queues[replica], finished) for replica in sorted(queues)}
+    return {replica: ids for replica, ids in batches.items() if ids}
 
 
-def next_batch(tasks: Iterable[Task]) -> tuple[str, ...]:
-    """From one replica's sendable tasks: those of the lowest tablet id, one per view, as sorted ids."""
-    tasks = list(tasks)
-    tablet = min(t.tablet_id for t in tasks)
+def next_batch(queue: Iterable[Task], finished: Set[str] = frozenset()) -> tuple[str, ...]:
+    """From one replica's queue (`replica_queues` order): the tasks not in `finished` of the lowest tablet id,
+    one per view (the smallest id of each), as sorted ids; () when every task is finished."""
+    tablet: int | None = None
     chosen: dict[str | None, str] = {}
-    for task in tasks:
-        if task.tablet_id == tablet and (task.view_id not in chosen or task.id < chosen[task.view_id]):
-            chosen[task.view_id] = task.id
+    for task in queue:
+        if task.id in finished:
+            continue
+        if tablet is None:
+            tablet = task.tablet_id
+        elif task.tablet_id != tablet:
+            break
+        chosen.setdefault(task.view_id, task.id)
     return tuple(sorted(chosen.values()))
 
 
