@@ -80,10 +80,23 @@ class Group0Client(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class BatchReply:
-    """A worker's answer to one batch: the ids it finished and the base rows the batch scanned."""
+    """A worker's answer to one batch: the ids it finished and, parallel to them, the base rows each one's batch
+    scanned (empty: unknown, counted as 0)."""
 
     finished: tuple[str, ...]
-    rows_scanned: int = 0
+    rows_scanned: tuple[int, ...] = ()
+
+    def rows_of(self) -> dict[str, int]:
+        return dict(zip(self.finished, self.rows_scanned))
+
+    @classmethod
+    def from_response(cls, response) -> BatchReply:
+        """From a `WorkResponse`; a worker of an older version sends one row count for its whole batch."""
+        finished = tuple(response.finished_task_ids)
+        rows = tuple(response.finished_rows_scanned)
+        if len(rows) != len(finished):
+            rows = (response.rows_scanned,) * len(finished)
+        return cls(finished, rows)
 
 
 # send_batch(node, shard, task_ids, term, applied_index) -> a future of the worker's BatchReply
@@ -293,8 +306,9 @@ class ViewBuildingLoop:
             self._retry.succeeded(replica)
             reply = future.result()
             finished = set(reply.finished) & set(batch.task_ids)
+            rows = reply.rows_of()
             for task_id in finished - self._pending:
-                self._rows_scanned[task_id] = reply.rows_scanned
+                self._rows_scanned[task_id] = rows.get(task_id, 0)
             self._metrics.view_building_tasks_finished.inc(len(finished - self._pending))
             if finished and not self._pending:
                 self._next_flush = now + self._flush_interval

@@ -344,7 +344,7 @@ class Node:
             response = stub.WorkOnViewBuildingTasks(request, timeout=WORK_CALL_TIMEOUT)
         except grpc.RpcError as error:
             raise Unavailable(f"{error.code().name}: {error.details()}") from None
-        return BatchReply(tuple(response.finished_task_ids), response.rows_scanned)
+        return BatchReply.from_response(response)
 
     def _merge_view_rows(self, replica, view, schema_version: int, rows) -> int:
         """A batch's view rows into one view replica: this node's without an RPC, another's over MergeViewRows."""

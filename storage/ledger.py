@@ -1,7 +1,9 @@
 """The worker's durable ledger of finished view building task ids: its own SQLite file in the node's data directory.
 
-A task id is recorded once its view rows are durably applied at every destination; a call naming only
-recorded tasks is answered at once, also after a restart. `record` returns after a synchronous commit
+A task id is recorded once its view rows are durably applied at every destination, with the base rows its
+batch scanned; a call naming only recorded tasks is answered at once (rows included, so the view's
+rows_done stays exact), also after a restart. A ledger written before the row counts existed gets the
+column (0 rows). `record` returns after a synchronous commit
 (WAL, `synchronous=FULL`: the WAL is fsynced at every commit), so an id it returned for survives a crash of
 the process or of the machine. The worker prunes ids group0 no longer holds (`prune(keep)`), so the ledger
 stays as small as the task table.
@@ -55,10 +57,14 @@ class FinishedTaskLedger:
         self._engine = sa.create_engine(sa.URL.create("sqlite", database=str(self.path)),
                                         connect_args={"check_same_thread": False})
         _configure(self._engine)
-        self._table = sa.Table("finished_tasks", sa.MetaData(), sa.Column("task_id", sa.Text, primary_key=True))
+        self._table = sa.Table("finished_tasks", sa.MetaData(), sa.Column("task_id", sa.Text, primary_key=True),
+                               sa.Column("rows_scanned", sa.BigInteger, nullable=False, server_default="0"))
         self._write_lock = threading.Lock()
         with self._engine.begin() as conn:
             self._table.metadata.create_all(conn)
+            columns = {c["name"] for c in sa.inspect(conn).get_columns("finished_tasks")}
+            if "rows_scanned" not in columns:
+                conn.exec_driver_sql("ALTER TABLE finished_tasks ADD COLUMN rows_scanned BIGINT NOT NULL DEFAULT 0")
 
     @classmethod
     def for_data_dir(cls, data_dir: str | Path) -> FinishedTaskLedger:
@@ -75,14 +81,19 @@ class FinishedTaskLedger:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def record(self, task_ids: Iterable[str]) -> None:
-        """Add the ids (already recorded ones are kept); durable when this returns."""
-        ids = _checked(task_ids)
+    def record(self, task_ids: Iterable[str], rows_scanned: Iterable[int] = ()) -> None:
+        """Add the ids, each with the base rows its batch scanned (parallel to `task_ids`; none given: 0);
+        already recorded ids keep their rows; durable when this returns."""
+        task_ids, rows = list(task_ids), list(rows_scanned)
+        if rows and len(rows) != len(task_ids):
+            raise ValueError(f"{len(rows)} row counts for {len(task_ids)} task ids")
+        counts = dict(zip(task_ids, rows or [0] * len(task_ids)))
+        ids = _checked(counts)
         if not ids:
             return
         statement = sqlite_insert(self._table).on_conflict_do_nothing(index_elements=["task_id"])
         with self._write_lock, self._engine.begin() as conn:
-            conn.execute(statement, [{"task_id": task_id} for task_id in ids])
+            conn.execute(statement, [{"task_id": i, "rows_scanned": int(counts[i])} for i in ids])
 
     def finished(self, task_ids: Iterable[str]) -> set[str]:
         """The given ids that are recorded."""
@@ -94,10 +105,11 @@ class FinishedTaskLedger:
                 found.update(conn.execute(sa.select(column).where(column.in_(chunk))).scalars())
         return found
 
-    def all(self) -> set[str]:
-        """Every recorded id (what a worker loads when it starts)."""
+    def all(self) -> dict[str, int]:
+        """Every recorded id with the base rows its batch scanned (what a worker loads when it starts)."""
         with self._engine.connect() as conn:
-            return set(conn.execute(sa.select(self._table.c.task_id)).scalars())
+            rows = conn.execute(sa.select(self._table.c.task_id, self._table.c.rows_scanned))
+            return {task_id: count for task_id, count in rows}
 
     def prune(self, keep: Iterable[str]) -> int:
         """Remove every id not in `keep` (the ids group0 still holds); the number of ids removed."""

@@ -30,7 +30,7 @@ def test_recorded_ids_are_finished_and_others_are_not(ledger):
     ledger.record(done)
     assert ledger.finished(done + pending) == set(done)
     assert ledger.finished([]) == set()
-    assert ledger.all() == set(done)
+    assert set(ledger.all()) == set(done)
 
 
 def test_record_is_idempotent(ledger):
@@ -39,7 +39,7 @@ def test_record_is_idempotent(ledger):
     ledger.record(ids[:3])
     ledger.record(ids[1:] + ids[1:])
     ledger.record([])
-    assert ledger.all() == set(ids)
+    assert set(ledger.all()) == set(ids)
 
 
 def test_invalid_ids_are_refused(ledger):
@@ -47,7 +47,7 @@ def test_invalid_ids_are_refused(ledger):
         ledger.record(["ok", ""])
     with pytest.raises(ValueError):
         ledger.record([None])
-    assert ledger.all() == set()
+    assert set(ledger.all()) == set()
 
 
 def test_the_ledger_survives_reopening(tmp_path):
@@ -56,7 +56,7 @@ def test_the_ledger_survives_reopening(tmp_path):
         first.record(ids)
     assert (tmp_path / FILE_NAME).exists()
     with FinishedTaskLedger.for_data_dir(tmp_path) as second:
-        assert second.all() == set(ids)
+        assert set(second.all()) == set(ids)
         assert second.finished(ids[:2]) == set(ids[:2])
 
 
@@ -64,10 +64,10 @@ def test_prune_keeps_only_the_ids_group0_holds(ledger):
     ids = task_ids(6)
     ledger.record(ids)
     assert ledger.prune(set(ids[:2]) | {"never-recorded"}) == 4
-    assert ledger.all() == set(ids[:2])
+    assert set(ledger.all()) == set(ids[:2])
     assert ledger.prune(set(ids)) == 0
     assert ledger.prune(set()) == 2
-    assert ledger.all() == set()
+    assert set(ledger.all()) == set()
 
 
 def test_forget_removes_exactly_the_given_ids(ledger):
@@ -75,7 +75,7 @@ def test_forget_removes_exactly_the_given_ids(ledger):
     ledger.record(ids)
     ledger.forget(ids[:2] + ["never-recorded"])
     ledger.forget([])
-    assert ledger.all() == set(ids[2:])
+    assert set(ledger.all()) == set(ids[2:])
 
 
 def test_large_sets_go_in_chunks(ledger):
@@ -84,7 +84,7 @@ def test_large_sets_go_in_chunks(ledger):
     assert ledger.finished(ids[::2] + task_ids(10)) == set(ids[::2])
     assert ledger.prune(ids[:1_000]) == 1_345
     ledger.forget(ids[:600])
-    assert ledger.all() == set(ids[600:1_000])
+    assert set(ledger.all()) == set(ids[600:1_000])
 
 
 def test_concurrent_records_lose_nothing(ledger):
@@ -94,7 +94,30 @@ def test_concurrent_records_lose_nothing(ledger):
         thread.start()
     for thread in threads:
         thread.join()
-    assert ledger.all() == {task_id for batch in batches for task_id in batch}
+    assert set(ledger.all()) == {task_id for batch in batches for task_id in batch}
+
+
+def test_each_id_keeps_the_rows_its_batch_scanned_also_after_reopening(tmp_path):
+    with FinishedTaskLedger.for_data_dir(tmp_path) as ledger:
+        ledger.record(["a", "b"], [250_000, 250_000])
+        ledger.record(["b", "c"], [7, 0])  # b is kept as it was first recorded
+        ledger.record(["d"])
+        with pytest.raises(ValueError, match="1 row counts for 2 task ids"):
+            ledger.record(["e", "f"], [1])
+    with FinishedTaskLedger.for_data_dir(tmp_path) as reopened:
+        assert reopened.all() == {"a": 250_000, "b": 250_000, "c": 0, "d": 0}
+
+
+def test_a_ledger_written_before_row_counts_gets_the_column(tmp_path):
+    import sqlite3
+    old = sqlite3.connect(tmp_path / FILE_NAME)
+    old.execute("CREATE TABLE finished_tasks (task_id TEXT NOT NULL PRIMARY KEY)")
+    old.execute("INSERT INTO finished_tasks VALUES ('old')")
+    old.commit()
+    old.close()
+    with FinishedTaskLedger.for_data_dir(tmp_path) as ledger:
+        ledger.record(["new"], [5])
+        assert ledger.all() == {"old": 0, "new": 5}
 
 
 CRASHING_WRITER = """
@@ -114,4 +137,4 @@ def test_an_id_recorded_right_before_a_crash_survives(tmp_path):
     subprocess.run([sys.executable, "-c", CRASHING_WRITER, str(tmp_path), *ids[5:]], cwd=ROOT, check=True,
                    timeout=60)
     with FinishedTaskLedger.for_data_dir(tmp_path) as reopened:
-        assert reopened.all() == set(ids)
+        assert set(reopened.all()) == set(ids)

@@ -98,7 +98,7 @@ class FakeWorkers:
         if failing:
             future.set_exception(Unavailable(f"node {replica.node} is down"))
         else:
-            future.set_result(BatchReply(tuple(task_ids)))
+            future.set_result(BatchReply(tuple(task_ids), tuple(rows_of(i) for i in task_ids)))
 
     def release(self, replicas=None) -> int:
         with self.cond:
@@ -178,6 +178,20 @@ class Harness:
         assert self.loop.wait_rounds(count + 1, WAIT), "loop did not run"
 
 
+def test_a_reply_takes_each_finished_ids_rows_and_an_older_workers_one_count():
+    from vbcpb import vbc_pb2 as pb
+    reply = BatchReply.from_response(pb.WorkResponse(finished_task_ids=["a", "b"], finished_rows_scanned=[5, 0],
+                                                     rows_scanned=5))
+    assert reply == BatchReply(("a", "b"), (5, 0)) and reply.rows_of() == {"a": 5, "b": 0}
+    older = BatchReply.from_response(pb.WorkResponse(finished_task_ids=["a", "b"], rows_scanned=9))
+    assert older == BatchReply(("a", "b"), (9, 9))
+
+
+def rows_of(task_id: str) -> int:
+    """The base rows a fake worker says the batch of `task_id` scanned (different per task)."""
+    return sum(map(ord, task_id))
+
+
 def built(state) -> bool:
     return all(state.view_is_built(v) for v in VIEWS)
 
@@ -211,6 +225,7 @@ def test_the_view_becomes_built_with_few_finish_commands(harnesses):
     flushes = group0.commands_of(FinishViewBuildingTasks)
     assert 1 <= len(flushes) <= 4, flushes  # batched every ~200 ms, not one per task
     assert sum(len(c.task_ids) for c in flushes) == tasks
+    assert all(c.rows_scanned == tuple(rows_of(i) for i in c.task_ids) for c in flushes), "each task its own rows"
     assert all(c.cmd_id and c.term == 1 for c in flushes)
     assert group0.commands_of(SetProcessingBase)[0].term == 1
     assert workers.overlaps == 0

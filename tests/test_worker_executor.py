@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import threading
+from unittest.mock import ANY
 
 import pytest
 
 from coordinator.core.errors import Unavailable
 from coordinator.core.schema import TASK_BUILD_RANGE, Replica, Task
 from worker.executor import BatchCancelled, WorkerExecutor
+from worker.tasks import Answer
 
 BASE = "b" * 32
 WAIT = 10
@@ -17,18 +19,19 @@ class MemoryLedger:
     """The ledger's contract in memory; `events` shows when ids became durable relative to the answers."""
 
     def __init__(self, ids=()):
-        self.ids = set(ids)
+        self.ids = dict(ids) if isinstance(ids, dict) else dict.fromkeys(ids, 0)
         self.events = []
 
     def all(self):
-        return set(self.ids)
+        return dict(self.ids)
 
-    def record(self, task_ids):
-        self.ids.update(task_ids)
+    def record(self, task_ids, rows_scanned=()):
+        self.ids.update(zip(task_ids, rows_scanned or [0] * len(task_ids)))
         self.events.append(("record", tuple(task_ids)))
 
     def forget(self, task_ids):
-        self.ids.difference_update(task_ids)
+        for task_id in task_ids:
+            self.ids.pop(task_id, None)
 
 
 class Jobs:
@@ -93,15 +96,15 @@ def test_a_batch_runs_once_for_repeated_calls_and_is_recorded_before_the_answer(
     first.join(WAIT), second.join(WAIT)
     assert len(jobs.started) == 1
     assert set(first_result["answer"].finished) == {"a", "b"} == set(second_result["answer"].finished)
-    assert first_result["answer"].rows_scanned == 200
+    assert first_result["answer"].rows_scanned == (200, 200) and ledger.ids == {"a": 200, "b": 200}
     assert ledger.events == [("record", ("a", "b"))] and executor.counters.tasks_finished == 2
 
 
 def test_finished_ids_are_answered_from_the_ledger_after_a_restart(worker):
     _, tasks, _, jobs = worker
-    restarted = WorkerExecutor("n1", MemoryLedger({"a"}), lambda: dict(tasks), jobs)
+    restarted = WorkerExecutor("n1", MemoryLedger({"a": 120}), lambda: dict(tasks), jobs)
     try:
-        assert restarted.work(1, 0, ["a"], timeout=WAIT).finished == ("a",)
+        assert restarted.work(1, 0, ["a"], timeout=WAIT) == Answer(ANY, ("a",), rows_scanned=(120,))
         assert jobs.started == [] and restarted.counters.tasks_answered_from_ledger == 1
     finally:
         restarted.close()
@@ -124,7 +127,7 @@ def test_a_failed_batch_reports_the_error_and_records_nothing(worker):
     jobs.finish(jobs.started[0][0].batch_id, error=Unavailable("view replica n2 is down"))
     thread.join(WAIT)
     assert result["answer"].error == "view replica n2 is down" and result["answer"].finished == ()
-    assert ledger.ids == set() and executor.counters.batches_failed == 1
+    assert ledger.ids == {} and executor.counters.batches_failed == 1
 
 
 def test_a_dropped_view_leaves_the_batch_and_the_last_one_cancels_it(worker):
@@ -139,7 +142,7 @@ def test_a_dropped_view_leaves_the_batch_and_the_last_one_cancels_it(worker):
     executor.tasks_changed()
     assert control.cancelled.is_set()
     thread.join(WAIT)
-    assert result["answer"].finished == () and ledger.ids == set()
+    assert result["answer"].finished == () and ledger.ids == {}
 
 
 def test_a_caller_that_stops_waiting_gets_unavailable_and_the_batch_goes_on(worker):
@@ -148,12 +151,12 @@ def test_a_caller_that_stops_waiting_gets_unavailable_and_the_batch_goes_on(work
         executor.work(1, 0, ["a"], timeout=0.05)
     jobs.finish(jobs.started[0][0].batch_id)
     assert executor.work(1, 0, ["a"], timeout=WAIT).finished == ("a",)
-    assert ledger.ids == {"a"}
+    assert set(ledger.ids) == {"a"}
 
 
 def test_a_ledger_that_cannot_be_written_fails_the_batch_and_frees_the_shard(worker):
     executor, _, ledger, jobs = worker
-    ledger.record = lambda ids: (_ for _ in ()).throw(OSError("disk full"))
+    ledger.record = lambda ids, rows=(): (_ for _ in ()).throw(OSError("disk full"))
     thread, result = call(executor, 1, 0, ["a"])
     jobs.wait_started(1)
     jobs.finish(jobs.started[0][0].batch_id)

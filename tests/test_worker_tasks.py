@@ -41,6 +41,15 @@ def started(instructions) -> StartBatch:
     return start
 
 
+def answer(caller: str, finished: tuple[str, ...], rows: int = 0) -> Answer:
+    """The answer naming `finished`, each id with `rows` base rows scanned."""
+    return Answer(caller, finished, rows_scanned=(rows,) * len(finished))
+
+
+def record(task_ids: tuple[str, ...], rows: int = 0) -> RecordFinished:
+    return RecordFinished(task_ids, (rows,) * len(task_ids))
+
+
 # ----------------------------------------------------------------- calls
 
 
@@ -49,10 +58,10 @@ def test_a_call_naming_only_finished_tasks_is_answered_from_the_ledger_also_afte
     batch = started(worker.work("call1", 1, 0, ["a", "b"], GROUP0))
     assert batch.task_ids == ("a", "b") and batch.term == 1 and batch.shard == 0
     done = worker.batch_succeeded(batch.batch_id, GROUP0, rows_scanned=7)
-    assert done == [RecordFinished(("a", "b")), Answer("call1", ("a", "b"), rows_scanned=7)]
-    assert worker.work("call2", 1, 0, ["a", "b"], GROUP0) == [Answer("call2", ("a", "b"))]
-    restarted = WorkerTasks("n1", finished=worker.finished)
-    assert restarted.work("call3", 2, 0, ["b", "a"], GROUP0) == [Answer("call3", ("b", "a"))]
+    assert done == [RecordFinished(("a", "b"), (7, 7)), Answer("call1", ("a", "b"), rows_scanned=(7, 7))]
+    assert worker.work("call2", 1, 0, ["a", "b"], GROUP0) == [answer("call2", ("a", "b"), rows=7)]
+    restarted = WorkerTasks("n1", finished=worker.ledger)
+    assert restarted.work("call3", 2, 0, ["b", "a"], GROUP0) == [answer("call3", ("b", "a"), rows=7)]
 
 
 def test_a_repeated_call_attaches_to_the_running_batch_and_both_callers_are_answered():
@@ -61,14 +70,14 @@ def test_a_repeated_call_attaches_to_the_running_batch_and_both_callers_are_answ
     assert worker.work("again", 1, 0, ["a", "b"], GROUP0) == []
     assert worker.work("subset", 2, 0, ["b"], GROUP0) == [], "a newer leader resending part of it attaches too"
     answers = worker.batch_succeeded(batch.batch_id, GROUP0)[1:]
-    assert answers == [Answer("first", ("a", "b")), Answer("again", ("a", "b")), Answer("subset", ("b",))]
+    assert answers == [answer("first", ("a", "b")), answer("again", ("a", "b")), answer("subset", ("b",))]
 
 
 def test_only_the_unfinished_tasks_of_a_call_are_run_and_the_answer_names_all_finished():
     worker = WorkerTasks("n1", finished={"a"})
     batch = started(worker.work("call", 1, 0, ["a", "b"], GROUP0))
     assert batch.task_ids == ("b",)
-    assert worker.batch_succeeded(batch.batch_id, GROUP0)[-1] == Answer("call", ("a", "b"))
+    assert worker.batch_succeeded(batch.batch_id, GROUP0)[-1] == answer("call", ("a", "b"))
 
 
 def test_a_call_for_other_tasks_of_a_busy_shard_waits_for_the_running_batch_and_gets_the_overlap():
@@ -78,7 +87,7 @@ def test_a_call_for_other_tasks_of_a_busy_shard_waits_for_the_running_batch_and_
     assert started(worker.work("other shard", 2, 1, ["s1"], GROUP0)).shard == 1
     assert [b.batch_id for b in worker.batches()] == [batch.batch_id, batch.batch_id + 1]
     answers = worker.batch_succeeded(batch.batch_id, GROUP0)[1:]
-    assert answers == [Answer("one", ("a", "b")), Answer("two", ("a", "b"))], "c was not run: sent again later"
+    assert answers == [answer("one", ("a", "b")), answer("two", ("a", "b"))], "c was not run: sent again later"
     assert started(worker.work("three", 2, 0, ["c"], GROUP0)).task_ids == ("c",)
 
 
@@ -105,7 +114,7 @@ def test_malformed_calls_are_refused(ids, problem):
 def test_ids_group0_no_longer_holds_or_aborted_are_not_run():
     aborted = dataclasses.replace(B, aborted=True)
     worker = WorkerTasks("n1")
-    assert worker.work("call", 1, 0, ["gone", "b"], table(A, aborted)) == [Answer("call", ())]
+    assert worker.work("call", 1, 0, ["gone", "b"], table(A, aborted)) == [answer("call", ())]
     assert started(worker.work("call", 1, 0, ["gone", "a", "b"], table(A, aborted))).task_ids == ("a",)
 
 
@@ -118,7 +127,7 @@ def test_a_deleted_task_leaves_its_batch_and_is_not_recorded():
     without_a = table(B, C)
     assert worker.tasks_changed(without_a) == [TasksLeftBatch(batch.batch_id, ("a",))]
     assert worker.tasks_changed(without_a) == []
-    assert worker.batch_succeeded(batch.batch_id, without_a) == [RecordFinished(("b",)), Answer("call", ("b",))]
+    assert worker.batch_succeeded(batch.batch_id, without_a) == [record(("b",)), answer("call", ("b",))]
 
 
 def test_the_batch_is_cancelled_only_when_no_task_is_left():
@@ -126,14 +135,14 @@ def test_the_batch_is_cancelled_only_when_no_task_is_left():
     batch = started(worker.work("call", 1, 0, ["a", "b"], GROUP0))
     a_aborted = dataclasses.replace(A, aborted=True)
     assert worker.tasks_changed(table(a_aborted, B)) == [TasksLeftBatch(batch.batch_id, ("a",))]
-    assert worker.tasks_changed({}) == [CancelBatch(batch.batch_id), Answer("call", ())]
+    assert worker.tasks_changed({}) == [CancelBatch(batch.batch_id), answer("call", ())]
     assert worker.batches() == () and worker.batch_succeeded(batch.batch_id, GROUP0) == []
 
 
 def test_a_task_deleted_before_the_worker_noticed_is_still_not_recorded():
     worker = WorkerTasks("n1")
     batch = started(worker.work("call", 1, 0, ["a", "b"], GROUP0))
-    assert worker.batch_succeeded(batch.batch_id, table(B)) == [RecordFinished(("b",)), Answer("call", ("b",))]
+    assert worker.batch_succeeded(batch.batch_id, table(B)) == [record(("b",)), answer("call", ("b",))]
     assert worker.finished == {"b"}
 
 

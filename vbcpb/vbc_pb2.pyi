@@ -365,12 +365,14 @@ class WorkRequest(_message.Message):
     def __init__(self, term: _Optional[int] = ..., shard: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class WorkResponse(_message.Message):
-    __slots__ = ("finished_task_ids", "rows_scanned")
+    __slots__ = ("finished_task_ids", "rows_scanned", "finished_rows_scanned")
     FINISHED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     ROWS_SCANNED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_ROWS_SCANNED_FIELD_NUMBER: _ClassVar[int]
     finished_task_ids: _containers.RepeatedScalarFieldContainer[str]
     rows_scanned: int
-    def __init__(self, finished_task_ids: _Optional[_Iterable[str]] = ..., rows_scanned: _Optional[int] = ...) -> None: ...
+    finished_rows_scanned: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, finished_task_ids: _Optional[_Iterable[str]] = ..., rows_scanned: _Optional[int] = ..., finished_rows_scanned: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CheckViewRequest(_message.Message):
     __slots__ = ("view", "max_examples")

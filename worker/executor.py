@@ -26,11 +26,11 @@ log = logging.getLogger(__name__)
 
 
 class Ledger(Protocol):
-    """The durable set of finished task ids (storage/ledger.py)."""
+    """The durable set of finished task ids, with the base rows each one's batch scanned (storage/ledger.py)."""
 
-    def all(self) -> set[str]: ...
+    def all(self) -> Mapping[str, int]: ...
 
-    def record(self, task_ids: Iterable[str]) -> None: ...
+    def record(self, task_ids: Iterable[str], rows_scanned: Iterable[int] = ()) -> None: ...
 
     def forget(self, task_ids: Iterable[str]) -> None: ...
 
@@ -147,7 +147,7 @@ class WorkerExecutor:
             control.cancelled.set()
 
     def _record(self, record: RecordFinished) -> None:
-        self._ledger.record(record.task_ids)
+        self._ledger.record(record.task_ids, record.rows_scanned)
         self.counters.tasks_finished += len(record.task_ids)
 
     def _answer(self, answer: Answer) -> None:

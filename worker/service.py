@@ -80,7 +80,8 @@ class WorkerService(rpc.WorkerServicer):
         answer = self._executor.work(request.term, request.shard, list(request.task_ids), _answer_wait(context))
         if answer.error is not None:
             raise Unavailable(f"view building batch {', '.join(request.task_ids)} failed: {answer.error}")
-        return pb.WorkResponse(finished_task_ids=list(answer.finished), rows_scanned=answer.rows_scanned)
+        return pb.WorkResponse(finished_task_ids=list(answer.finished), finished_rows_scanned=list(answer.rows_scanned),
+                               rows_scanned=max(answer.rows_scanned, default=0))
 
 
 def _answer_wait(context) -> float:

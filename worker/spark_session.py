@@ -92,7 +92,8 @@ def spark_conf(config: SparkConfig, log4j_file: Path) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.caseSensitive": "true",  # quoted CQL names keep their case: "X" and x are two columns
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j_file.as_uri()} {config.java_options}".strip(),
+        "spark.driver.extraJavaOptions": " ".join(
+            option for option in (f"-Dlog4j2.configurationFile={log4j_file.as_uri()}", config.java_options) if option),
     }
     if config.master.startswith("local"):
         conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})

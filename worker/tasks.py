@@ -7,8 +7,10 @@ one lock, and carries out the instructions they return, in order:
   are durably applied at every destination, or `batch_failed`.
 - `TasksLeftBatch`: tasks deleted or aborted in group0 left a running batch (its job may skip their views).
 - `CancelBatch`: no task is left in the batch: stop its job.
-- `RecordFinished`: write the ids to the durable ledger — *before* delivering the answers that follow it.
-- `Answer`: reply to one caller: the ids of its call that are finished, or an error.
+- `RecordFinished`: write the ids, each with the base rows its batch scanned, to the durable ledger — *before*
+  delivering the answers that follow it.
+- `Answer`: reply to one caller: the ids of its call that are finished with the rows each one's batch scanned
+  (also for ids finished before, from the ledger), or an error.
 - `PruneLedger`: delete ids from the durable ledger.
 
 Rules:
@@ -61,6 +63,7 @@ class CancelBatch:
 @dataclass(frozen=True)
 class RecordFinished:
     task_ids: tuple[str, ...]
+    rows_scanned: tuple[int, ...] = ()  # parallel to task_ids: the base rows the batch of each id scanned
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class Answer:
     caller: Hashable
     finished: tuple[str, ...] = ()
     error: str | None = None
-    rows_scanned: int = 0
+    rows_scanned: tuple[int, ...] = ()  # parallel to finished
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,11 @@ class RunningBatch:
 class WorkerTasks:
     """The finished-task ledger's content and the running batches of one node's worker."""
 
-    def __init__(self, node_id: str, finished: Iterable[str] = ()):
+    def __init__(self, node_id: str, finished: Mapping[str, int] | Iterable[str] = ()):
+        """`finished`: the ledger's ids, with the base rows each one's batch scanned (plain ids: 0 rows)."""
         self.node_id = node_id
-        self._finished: set[str] = set(finished)
+        rows = finished if isinstance(finished, Mapping) else dict.fromkeys(finished, 0)
+        self._finished: dict[str, int] = dict(rows)
         self._batches: dict[int, RunningBatch] = {}
         self._next_batch_id = 1
         self._newest_term = 0
@@ -118,6 +123,11 @@ class WorkerTasks:
     @property
     def finished(self) -> frozenset[str]:
         return frozenset(self._finished)
+
+    @property
+    def ledger(self) -> dict[str, int]:
+        """The finished ids with the base rows each one's batch scanned (what the durable ledger holds)."""
+        return dict(self._finished)
 
     @property
     def newest_term(self) -> int:
@@ -174,9 +184,9 @@ class WorkerTasks:
         if batch is None:
             return []
         done = tuple(i for i in batch.tasks if i in tasks and not tasks[i].aborted)
-        self._finished.update(done)
-        recorded: list[Instruction] = [RecordFinished(done)] if done else []
-        return recorded + [self._answer(c, ids, rows_scanned=rows_scanned) for c, ids in batch.callers.items()]
+        self._finished.update(dict.fromkeys(done, rows_scanned))
+        recorded: list[Instruction] = [RecordFinished(done, (rows_scanned,) * len(done))] if done else []
+        return recorded + [self._answer(c, ids) for c, ids in batch.callers.items()]
 
     def batch_failed(self, batch_id: int, error: str) -> list[Instruction]:
         """A batch failed: every caller gets the error; nothing is recorded."""
@@ -187,14 +197,16 @@ class WorkerTasks:
 
     def not_finished(self, task_ids: Iterable[str]) -> None:
         """Recording these ids in the durable ledger failed: they are not finished after all."""
-        self._finished.difference_update(task_ids)
+        for task_id in task_ids:
+            self._finished.pop(task_id, None)
 
     def prune(self, tasks: Mapping[str, Task]) -> list[Instruction]:
         """Forget ledger ids group0 no longer holds (only once caught up with group0)."""
         stale = tuple(sorted(i for i in self._finished if i not in tasks))
         if not stale:
             return []
-        self._finished.difference_update(stale)
+        for task_id in stale:
+            del self._finished[task_id]
         return [PruneLedger(stale)]
 
     # ----------------------------------------------------------------- helpers
@@ -213,5 +225,6 @@ class WorkerTasks:
         self._batches[batch.batch_id] = batch
         return StartBatch(batch.batch_id, shard, term, tuple(todo))
 
-    def _answer(self, caller: Hashable, named: tuple[str, ...], rows_scanned: int = 0) -> Answer:
-        return Answer(caller, tuple(i for i in named if i in self._finished), rows_scanned=rows_scanned)
+    def _answer(self, caller: Hashable, named: tuple[str, ...]) -> Answer:
+        finished = tuple(i for i in named if i in self._finished)
+        return Answer(caller, finished, rows_scanned=tuple(self._finished[i] for i in finished))
