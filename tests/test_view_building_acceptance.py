@@ -551,6 +551,7 @@ def test_08_leader_kill_9_while_batches_are_paused(kill_cluster):
         assert view_status(cluster, "s08.mv")["state"] == "BUILDING"
         cluster.start_node(leader)
     assert_correct(cluster, "s08")
+    assert view_status(cluster, "s08.mv")["rows_done"] == 3 * 1000, "each replica's rows counted once"
 
 
 def test_10_worker_kill_9_while_paused_before_finish_then_its_ledger_answers(kill_cluster):
@@ -609,6 +610,7 @@ def test_10_worker_kill_9_while_paused_before_finish_then_its_ledger_answers(kil
     assert stats["batches_failed"] == 0, stats
     assert stats["tasks_answered_from_ledger"] >= 1, stats
     assert stats["tablet_scans"] == len(x_tasks) - len(recorded), stats
+    assert view_status(cluster, "s10.mv")["rows_done"] == 3 * 1000, "the ledger's answer brought its rows"
 
 
 def test_12_full_cluster_kill_9_mid_build_then_start(kill_cluster):
@@ -626,3 +628,4 @@ def test_12_full_cluster_kill_9_mid_build_then_start(kill_cluster):
         cluster.start_node(node_id)
     cluster.wait_for_leader(timeout=60)
     assert_correct(cluster, "s12")
+    assert view_status(cluster, "s12.mv")["rows_done"] == 3 * 1000, "each replica's rows counted once"
