@@ -10,20 +10,21 @@ class BindError(ValueError):
     """The values given do not fit the statement's bind markers."""
 
 
-def _markers(node: object) -> list[BindMarker]:
+def markers(node: object) -> list[BindMarker]:
+    """Every bind marker in a statement (or part of one), in field order."""
     if isinstance(node, BindMarker):
         return [node]
     if dataclasses.is_dataclass(node):
-        return [m for f in dataclasses.fields(node) for m in _markers(getattr(node, f.name))]
+        return [m for f in dataclasses.fields(node) for m in markers(getattr(node, f.name))]
     if isinstance(node, (tuple, list)):
-        return [m for item in node for m in _markers(item)]
+        return [m for item in node for m in markers(item)]
     if isinstance(node, dict):
-        return [m for value in node.values() for m in _markers(value)]
+        return [m for value in node.values() for m in markers(value)]
     return []
 
 
 def bind_marker_count(statement: Statement) -> int:
-    return len(_markers(statement))
+    return len(markers(statement))
 
 
 def _replace(node: object, values: dict[int, object]) -> object:
@@ -41,9 +42,9 @@ def _replace(node: object, values: dict[int, object]) -> object:
 
 def bind(statement: Statement, values: list | tuple) -> Statement:
     """The statement with its i-th `?` (in text order) replaced by values[i]."""
-    markers = sorted(_markers(statement), key=lambda m: m.position)
-    if len(markers) != len(values):
-        raise BindError(f"the statement has {len(markers)} bind marker(s) (?) but {len(values)} value(s) were given")
-    if not markers:
+    found = sorted(markers(statement), key=lambda m: m.position)
+    if len(found) != len(values):
+        raise BindError(f"the statement has {len(found)} bind marker(s) (?) but {len(values)} value(s) were given")
+    if not found:
         return statement
-    return _replace(statement, {m.position: v for m, v in zip(markers, values)})
+    return _replace(statement, {m.position: v for m, v in zip(found, values)})

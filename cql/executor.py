@@ -1,4 +1,4 @@
-"""Runs one statement: parse (cached) and bind it, then hand it to the schema, write or select handler."""
+"""Runs one statement: check its size, parse (cached) or take it prepared, bind it, hand it to its handler."""
 from __future__ import annotations
 
 import functools
@@ -7,36 +7,50 @@ from collections.abc import Callable, Iterator
 from common.injection import Injections
 from common.metrics import NodeMetrics
 from coordinator.core.errors import InvalidArgument
+from coordinator.core.schema import Table
 from replica.read_path import ReadCoordinator
 from replica.write_path import WriteCoordinator
 
 from . import BindError, ast, bind, parse
-from .catalog import Catalog, Group0Client
+from .catalog import Catalog, Group0Client, keyspace_of
 from .ddl import SchemaStatements
 from .dml import WRITES, WriteStatements
+from .limits import Limits
+from .prepared import UNPREPARED, Prepared, PreparedCache, Unprepared, changed_table, prepare
 from .result import Result
 from .select import SelectStatements
 
 
 class Executor:
-    """Turns statement text into effects on the cluster."""
+    """Turns statement text (or a prepared statement) into effects on the cluster."""
 
     def __init__(self, group0: Group0Client, writer: WriteCoordinator, reader: ReadCoordinator,
-                 now: Callable[[], int], injections: Injections, metrics: NodeMetrics):
-        catalog = Catalog(group0)
+                 now: Callable[[], int], injections: Injections, metrics: NodeMetrics, limits: Limits | None = None):
+        self._catalog = Catalog(group0)
         self._schema = SchemaStatements(group0, injections)
-        self._writes = WriteStatements(catalog, writer, now)
-        self._selects = SelectStatements(catalog, reader)
+        self._writes = WriteStatements(self._catalog, writer, now)
+        self._selects = SelectStatements(self._catalog, reader)
         self._metrics = metrics
+        self.limits = limits or Limits()
+        self._prepared = PreparedCache()
 
-    def execute(self, text: str, params: list[list] | None = None) -> Result:
-        pages = list(self.execute_pages(text, page_size=None, params=params))
+    def prepare(self, text: str) -> Prepared:
+        """Parse and resolve `text` once; its id and bind columns (INVALID_ARGUMENT/NOT_FOUND as executing it)."""
+        self.limits.check_statement(text)
+        prepared = prepare(text, _parse_cached(text), self._resolve)
+        self._prepared.add(prepared)
+        return prepared
+
+    def execute(self, text: str, params: list[list] | None = None, prepared_id: str = "") -> Result:
+        pages = list(self.execute_pages(text, page_size=None, params=params, prepared_id=prepared_id))
         if len(pages) == 1:
             return pages[0]
         return Result(columns=pages[0].columns, rows=[r for p in pages for r in p.rows])
 
-    def execute_pages(self, text: str, page_size: int | None, params: list[list] | None = None) -> Iterator[Result]:
-        statements = _bound(text, params)
+    def execute_pages(self, text: str, page_size: int | None, params: list[list] | None = None,
+                      prepared_id: str = "") -> Iterator[Result]:
+        """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set."""
+        statements = _bound(self._statement(text, params, prepared_id), params)
         first = statements[0]
         kind = type(first).__name__
         self._metrics.statements.labels(kind).inc()
@@ -51,15 +65,44 @@ class Executor:
                 return
             yield self._schema.run(first)
 
+    def _statement(self, text: str, params: list[list] | None, prepared_id: str) -> ast.Statement:
+        """The parsed statement, after the size limits (checked before any parsing)."""
+        self.limits.check_rows(len(params or ()))
+        self.limits.check_values(params or ())
+        if prepared_id:
+            statement = self._valid_prepared(prepared_id).statement
+        else:
+            self.limits.check_statement(text)
+            statement = _parse_cached(text)
+        if isinstance(statement, ast.Batch):
+            self.limits.check_rows(len(statement.statements) * max(1, len(params or ())), "statements")
+        return statement
+
+    def _valid_prepared(self, prepared_id: str) -> Prepared:
+        prepared = self._prepared.get(prepared_id)
+        reason = changed_table(prepared, self._find)
+        if reason is not None:
+            self._prepared.evict(prepared_id)
+            raise Unprepared(f"{UNPREPARED} {prepared_id}: {reason} since it was prepared; prepare it again")
+        return prepared
+
+    def _resolve(self, statement) -> Table:
+        if isinstance(statement, ast.Select):
+            return self._catalog.resolve(statement.table)
+        return self._catalog.writable(statement.table)
+
+    def _find(self, name: ast.QualifiedName) -> Table | None:
+        keyspace = keyspace_of(name)
+        return self._catalog.read(lambda s: s.find_table(keyspace, name.name))
+
 
 @functools.lru_cache(maxsize=4096)
 def _parse_cached(text: str) -> ast.Statement:
     return parse(text)
 
 
-def _bound(text: str, params: list[list] | None) -> list:
+def _bound(statement: ast.Statement, params: list[list] | None) -> list:
     """The statement once per bind-value set (once, with no values, when none are given)."""
-    statement = _parse_cached(text)
     try:
         return [bind(statement, values) for values in (params or [[]])]
     except BindError as error:

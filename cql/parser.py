@@ -14,6 +14,8 @@ from lark.lexer import PatternStr
 
 from coordinator.core.errors import InvalidArgument
 
+from .limits import MAX_LIMIT
+
 from .ast import (
     AlterKeyspace,
     Batch,
@@ -431,8 +433,8 @@ class _Builder(Transformer):
     def limit_clause(self, c: list[Any]) -> int:
         (lit,) = _present(c)
         _no_bind_marker(lit, "LIMIT")
-        if type(lit.value) is not int or lit.value <= 0:
-            _fail(f"LIMIT must be a positive integer, got {lit.value!r}", lit)
+        if type(lit.value) is not int or not 0 < lit.value <= MAX_LIMIT:
+            _fail(f"LIMIT must be an integer between 1 and {MAX_LIMIT}, got {lit.value!r}", lit)
         return lit.value
 
     def allow_filtering(self, c: list[Any]) -> _At:

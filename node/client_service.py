@@ -1,9 +1,12 @@
 """The Client gRPC service: statements in, rows or messages out."""
 from __future__ import annotations
 
+from common.arrow_values import decode_table, longest_string_bytes, plain_columns, rows_of
 from common.codec import values_from_proto, values_to_proto
 from common.status import streaming, unary
+from coordinator.core.errors import InvalidArgument
 from cql.executor import Executor
+from cql.limits import Limits
 from cql.result import Result
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
@@ -18,12 +21,22 @@ class ClientService(rpc.ClientServicer):
 
     @unary
     def Execute(self, request, context):
-        return _response(self._executor.execute(request.statement, _params(request)))
+        params = _params(request, self._executor.limits)
+        return _response(self._executor.execute(request.statement, params, request.prepared_id))
 
     @streaming
     def ExecuteStream(self, request, context):
-        for page in self._executor.execute_pages(request.statement, request.page_size or 1000, _params(request)):
+        params = _params(request, self._executor.limits)
+        for page in self._executor.execute_pages(request.statement, request.page_size or 1000, params,
+                                                 request.prepared_id):
             yield _response(page)
+
+    @unary
+    def Prepare(self, request, context):
+        prepared = self._executor.prepare(request.statement)
+        key = prepared.tables[0][1].primary_key if prepared.tables else ()
+        return pb.PrepareResponse(id=prepared.id, primary_key=list(key),
+                                  bind_columns=[pb.Column(name=c.name, type=c.type) for c in prepared.bind_columns])
 
 
 def _response(result: Result) -> pb.ExecuteResponse:
@@ -34,5 +47,17 @@ def _response(result: Result) -> pb.ExecuteResponse:
     )
 
 
-def _params(request: pb.ExecuteRequest) -> list[list] | None:
-    return [values_from_proto(row) for row in request.params] or None
+def _params(request: pb.ExecuteRequest, limits: Limits) -> list[list] | None:
+    """The request's bind-value sets, from `params` or from `arrow_values` (sizes checked before converting)."""
+    if not request.arrow_values:
+        return [values_from_proto(row) for row in request.params] or None
+    if request.params:
+        raise InvalidArgument("give the bind values either as params or as arrow_values, not both")
+    table = decode_table(request.arrow_values)
+    if table.num_rows == 0:
+        raise InvalidArgument("arrow_values holds no rows: nothing to execute")
+    limits.check_rows(table.num_rows)
+    columns = plain_columns(table)
+    size, position = longest_string_bytes(columns)
+    limits.check_value_bytes(size, f"a value of Arrow column {position}")
+    return rows_of(columns)

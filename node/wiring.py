@@ -26,6 +26,7 @@ from coordinator.core.state import Group0State
 from coordinator.raft import Group0, Group0Unavailable, StateMachineError
 from coordinator.view_building import BatchReply, ViewBuildingLoop
 from cql.executor import Executor
+from cql.limits import Limits
 from replica.inflight import InflightWrites
 from replica.local import LocalData, SchemaAccess
 from replica.read_path import ReadCoordinator
@@ -75,6 +76,7 @@ class NodeConfig:
     spark_master: str = field(default_factory=default_master)
     spark_memory: str = "1g"
     spark_java_options: str = DEFAULT_JAVA_OPTIONS
+    limits: Limits = field(default_factory=Limits)
 
 
 class Node:
@@ -108,7 +110,8 @@ class Node:
                                transport, self.injections, self.metrics, read_outbox_version_1=batch_from_proto_bytes)
         self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, transport, self.injections)
         self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, transport)
-        self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections, self.metrics)
+        self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections, self.metrics,
+                                 config.limits)
         self._transport = transport
         self.spark = NodeSpark(SparkConfig(master=config.spark_master, driver_memory=config.spark_memory,
                                            java_options=config.spark_java_options,

@@ -7,6 +7,7 @@ import threading
 import grpc
 import pytest
 
+from common.codec import values_to_proto
 from coordinator.core.tokens import token_of
 from vbc import client
 from vbcpb import vbc_pb2 as pb
@@ -212,6 +213,7 @@ BAD_INPUT = [
      "AND id IS NOT NULL PRIMARY KEY (name, score, id)", grpc.StatusCode.INVALID_ARGUMENT, "at most one non-primary-key"),
     ("CREATE TABLE rw.u (id float, PRIMARY KEY (id))", grpc.StatusCode.INVALID_ARGUMENT, "float"),
     ("DROP TABLE rw.nope", grpc.StatusCode.NOT_FOUND, "rw.nope does not exist"),
+    ("SELECT * FROM rw.t LIMIT 99999999999999999999", grpc.StatusCode.INVALID_ARGUMENT, "between 1 and 2147483647"),
 ]
 
 
@@ -311,3 +313,167 @@ def test_bind_markers_with_many_value_sets_write_once_and_read_back(cluster):
     with pytest.raises(grpc.RpcError) as caught:
         client.execute(addr(cluster, "n1"), "INSERT INTO bm.t (k, name) VALUES (?, ?)", params=[["x", "y"]])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "column 'k' is int" in caught.value.details()
+
+
+def test_oversized_statements_and_values_are_refused_naming_the_limit(cluster, rw_table):
+    code, message = error_of(cluster, "n1", "INSERT INTO rw.t (id, name) VALUES (1, '" + "x" * 4 * 2**20 + "')")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "(max_statement_bytes)" in message, message[:200]
+    with pytest.raises(grpc.RpcError) as caught:
+        client.execute(addr(cluster, "n2"), "INSERT INTO rw.t (id, name) VALUES (?, ?)",
+                       params=[[1, "x" * (16 * 2**20 + 1)]])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "value 2 of value set 1 is 16,777,217 bytes" in caught.value.details()
+    assert rows(cluster, "n3", "SELECT name FROM rw.t WHERE id = 1") == [{"name": "name-1"}], "nothing written"
+
+
+def test_prepared_statements_run_by_id_and_are_prepared_again_after_the_table_changes(cluster):
+    run(cluster, "n1", "CREATE KEYSPACE ps WITH replication = {'rf': 3} AND tablets = {'initial': 2}")
+    run(cluster, "n1", "CREATE TABLE ps.t (k int, v text, PRIMARY KEY (k))")
+    stub = client.client_stub(addr(cluster, "n2"))
+    insert = "INSERT INTO ps.t (k, v) VALUES (?, ?)"
+    prepared = stub.Prepare(pb.PrepareRequest(statement=insert), timeout=30)
+    assert [(c.name, c.type) for c in prepared.bind_columns] == [("k", "int"), ("v", "text")]
+    rows_ = [values_to_proto([i, f"v{i}"]) for i in range(50)]
+    assert stub.Execute(pb.ExecuteRequest(prepared_id=prepared.id, params=rows_), timeout=30).message == \
+        "ok: 50 statements applied"
+    with pytest.raises(grpc.RpcError) as caught:  # prepared on n2 only
+        client.client_stub(addr(cluster, "n3")).Execute(pb.ExecuteRequest(prepared_id=prepared.id, params=rows_[:1]),
+                                                        timeout=30)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details().startswith("unprepared statement " + prepared.id)
+    # the client library prepares transparently, and again once the table under the name changed
+    client.execute(addr(cluster, "n2"), insert, params=[[100, "a"]])
+    run(cluster, "n1", "DROP TABLE ps.t")
+    run(cluster, "n1", "CREATE TABLE ps.t (k int, v int, PRIMARY KEY (k))")
+    client.execute(addr(cluster, "n2"), insert, params=[[1, 2], [3, 4]])
+    assert sorted(r["v"] for r in rows(cluster, "n3", "SELECT v FROM ps.t")) == [2, 4]
+    run(cluster, "n1", "DROP TABLE ps.t")
+    with pytest.raises(grpc.RpcError) as caught:
+        client.execute(addr(cluster, "n2"), insert, params=[[1, 2]])
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND, caught.value.details()
+
+
+def test_arrow_value_sets_of_every_column_type_read_back_equal(cluster):
+    import math
+
+    import pyarrow as pa
+    run(cluster, "n1", "CREATE KEYSPACE av WITH replication = {'rf': 3} AND tablets = {'initial': 4}")
+    run(cluster, "n1", "CREATE TABLE av.t (k bigint, i int, d double, b boolean, s text, ts timestamp, "
+                       "PRIMARY KEY (k))")
+    values = pa.table({
+        "k": pa.array([-(2**63), 2**63 - 1, 0, 1, 2], pa.int64()),
+        "i": pa.array([-(2**31), 2**31 - 1, None, 0, 5], pa.int32()),
+        "d": pa.array([math.nan, -0.0, math.inf, None, 1e-300]),
+        "b": pa.array([True, False, None, True, False]),
+        "s": pa.array(["é✓ \U0001F600", "", None, "a'b", "x" * 1000]),
+        "ts": pa.array([0, 1_700_000_000_000_000, None, 1, 2], pa.timestamp("us")),
+    })
+    insert = "INSERT INTO av.t (k, i, d, b, s, ts) VALUES (?, ?, ?, ?, ?, ?)"
+    _, _, message = client.execute(addr(cluster, "n2"), insert, params=values)
+    assert message == "ok: 5 statements applied"
+    got = {r["k"]: r for r in rows(cluster, "n3", "SELECT k, i, d, b, s, ts FROM av.t")}
+    micros = values.column("ts").cast(pa.int64()).to_pylist()
+    for row, expected_ts in zip(values.to_pylist(), micros):
+        stored = got[row["k"]]
+        for name in ("i", "b", "s"):
+            assert stored[name] == row[name], (name, stored, row)
+        expected_d = row["d"]
+        assert (math.isnan(stored["d"]) if expected_d is not None and math.isnan(expected_d)
+                else stored["d"] == expected_d), (stored, row)
+        assert stored["ts"] == expected_ts, (stored, row)
+
+
+def _replica_row_counts(cluster, keyspace: str, name: str) -> dict[str, int]:
+    """Rows held per tablet replica ("tablet/node:shard" -> count), read from each replica's own store."""
+    table_id = _table_id(cluster, keyspace, name)
+    counts = {}
+    for tablet in client.tablets(addr(cluster, "n1"), f"{keyspace}.{name}"):
+        for replica in tablet["replicas"]:
+            stub = client.internode_stub(addr(cluster, replica.split(":")[0]))
+            pages = stub.Scan(pb.ScanRequest(table_id=table_id, first_token=tablet["first_token"],
+                                             last_token=tablet["last_token"]), timeout=30)
+            counts[f"{tablet['tablet']}/{replica}"] = sum(len(page.rows) for page in pages)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def load_table(cluster):
+    run(cluster, "n1", "CREATE KEYSPACE ld WITH replication = {'rf': 3} AND tablets = {'initial': 4}")
+    run(cluster, "n1", "CREATE TABLE ld.t (k int, c int, v text, d double, ts timestamp, PRIMARY KEY (k, c))")
+    run(cluster, "n1", "CREATE MATERIALIZED VIEW ld.mv AS SELECT * FROM ld.t WHERE v IS NOT NULL AND k IS NOT NULL "
+                       "AND c IS NOT NULL PRIMARY KEY (v, k, c)")
+    client.wait_built(addr(cluster, "n1"), "ld.mv", 120)
+    return "ld.t"
+
+
+def _load(cluster, table: str, path) -> int:
+    from vbc import cli
+    return cli.main(["load", "--addr", addr(cluster, "n2"), table, str(path), "--quiet", "--batch-rows", "1000"])
+
+
+def test_vbc_load_of_csv_and_parquet_fills_base_and_view_on_every_replica(cluster, load_table, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+    total = 10_000
+
+    def part(start: int, stop: int) -> pa.Table:
+        ids = range(start, stop)
+        return pa.table({"k": [i // 10 for i in ids], "c": [i % 10 for i in ids], "v": [f"v{i}é" for i in ids],
+                         "d": [i / 7 for i in ids], "ts": [1_700_000_000_000_000 + i for i in ids]})
+
+    pacsv.write_csv(part(0, total // 2), tmp_path / "first.csv")
+    pq.write_table(part(total // 2, total), tmp_path / "second.parquet", row_group_size=1500)
+    assert _load(cluster, load_table, tmp_path / "first.csv") == 0
+    assert "loaded 5,000 rows into ld.t" in capsys.readouterr().out
+    assert _load(cluster, load_table, tmp_path / "second.parquet") == 0
+    assert _load(cluster, load_table, tmp_path / "second.parquet") == 0, "loading again is harmless"
+    assert rows(cluster, "n3", "SELECT COUNT(*) FROM ld.t") == [{"count": total}]
+    assert rows(cluster, "n1", "SELECT v, d, ts FROM ld.t WHERE k = 777 AND c = 3") == [
+        {"v": "v7773é", "d": 7773 / 7, "ts": 1_700_000_000_007_773}]
+    wait_views_flushed(cluster)
+    assert sum(_replica_row_counts(cluster, "ld", "t").values()) == 3 * total
+    assert sum(_replica_row_counts(cluster, "ld", "mv").values()) == 3 * total
+    report = client.check(addr(cluster, "n1"), "ld.mv", 3, 300)
+    assert report["consistent"], report
+
+
+BAD_FILES = [
+    ("unknown.csv", "k,c,nope\n1,1,x\n", "unknown column 'nope'"),
+    ("nokey.csv", "k,v\n1,x\n", "lacks primary key column(s) c of ld.t"),
+    ("badint.csv", "k,c,v\n1,1,a\n2,2,b\n3,x3,c\n", "data row 3 (line 4), column 'c': 'x3' does not convert to int"),
+    ("overflow.csv", "k,c\n1,1\n99999999999,2\n", "data row 2 (line 3), column 'k': '99999999999' does not convert to int"),
+    ("nullkey.csv", "k,c,v\n1,1,a\n2,,b\n", "data row 2 (line 3), column 'c': primary key columns cannot be NULL"),
+    ("good.csv", "k,c,v\n1,1,a\n", None),  # a good file: the table takes rows
+    ("text.txt.gz", "", "unknown file type .gz"),
+]
+
+
+@pytest.mark.parametrize("name, content, words", BAD_FILES)
+def test_vbc_load_refuses_a_bad_file_with_nothing_written(cluster, tmp_path, capsys, name, content, words):
+    run(cluster, "n1", "CREATE KEYSPACE IF NOT EXISTS lb WITH replication = {'rf': 3} AND tablets = {'initial': 2}")
+    run(cluster, "n1", "CREATE TABLE IF NOT EXISTS lb.t (k int, c int, v text, PRIMARY KEY (k, c))")
+    before = rows(cluster, "n1", "SELECT COUNT(*) FROM lb.t")[0]["count"]
+    path = tmp_path / name
+    path.write_text(content)
+    status = _load(cluster, "lb.t", path)
+    err = capsys.readouterr().err
+    if words is None:
+        assert status == 0, err
+        return
+    assert status == 1 and words.replace("ld.t", "lb.t") in err and "nothing was written" in err, err
+    assert rows(cluster, "n1", "SELECT COUNT(*) FROM lb.t")[0]["count"] == before
+
+
+def test_vbc_load_refuses_a_bad_parquet_value_naming_row_group_and_row(cluster, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    run(cluster, "n1", "CREATE KEYSPACE IF NOT EXISTS lb WITH replication = {'rf': 3} AND tablets = {'initial': 2}")
+    run(cluster, "n1", "CREATE TABLE IF NOT EXISTS lb.t (k int, c int, v text, PRIMARY KEY (k, c))")
+    before = rows(cluster, "n1", "SELECT COUNT(*) FROM lb.t")[0]["count"]
+    values = pa.table({"k": pa.array(list(range(100, 110)) + [2**40], pa.int64()), "c": [1] * 11})
+    pq.write_table(values, tmp_path / "wide.parquet", row_group_size=4)
+    assert _load(cluster, "lb.t", tmp_path / "wide.parquet") == 1
+    err = capsys.readouterr().err
+    assert "row group 2, row 3, column 'k': 1099511627776 does not convert to int" in err and "nothing was written" in err, err
+    assert rows(cluster, "n1", "SELECT COUNT(*) FROM lb.t")[0]["count"] == before

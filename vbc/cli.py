@@ -132,6 +132,12 @@ def add_node_parser(commands) -> None:
                        help="Spark master for view building jobs (default local[N], N = CPUs; e.g. spark://host:7077)")
     start.add_argument("--spark-memory", default="1g", metavar="SIZE",
                        help="memory of the node's Spark driver JVM (spark.driver.memory; default 1g)")
+    start.add_argument("--max-statement-bytes", type=positive_int, metavar="N",
+                       help="longest statement text accepted, in UTF-8 bytes (default 4 MiB)")
+    start.add_argument("--max-value-bytes", type=positive_int, metavar="N",
+                       help="largest bind value accepted, in bytes (default 16 MiB)")
+    start.add_argument("--max-batch-rows", type=positive_int, metavar="N",
+                       help="most value sets or BATCH statements in one execution (default 50,000)")
     start.add_argument("--spark-java-options", metavar="OPTIONS",
                        help="JVM options of the node's Spark driver (default: parallel GC, C1 JIT only; "
                             "'' for the JVM's own defaults)")
@@ -183,6 +189,14 @@ def add_client_parsers(commands) -> None:
                               "(e.g. '[[1, \"a\"], [2, \"b\"]]')")
     execute.add_argument("--timeout", type=positive_float, default=client.DEFAULT_TIMEOUT, metavar="S")
     execute.set_defaults(handler=cmd_exec, parser=execute)
+
+    load = commands.add_parser("load", parents=[target], help="load a CSV or Parquet file into a table")
+    load.add_argument("table", type=table_name, metavar="KS.TABLE")
+    load.add_argument("file", type=Path, metavar="FILE", help="a .csv (header line with column names) or .parquet file")
+    load.add_argument("--batch-rows", type=positive_int, default=5_000, metavar="N",
+                      help="rows per execution (default 5,000)")
+    load.add_argument("--quiet", action="store_true", help="no progress bar")
+    load.set_defaults(handler=cmd_load, parser=load)
 
     status = commands.add_parser("status", parents=[target], help="cluster, node and view-building status")
     status.add_argument("--json", action="store_true")
@@ -329,6 +343,13 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def node_limits(args: argparse.Namespace):
+    """The request size limits of `vbc node start` (cql.limits.Limits; its defaults where no flag was given)."""
+    from cql.limits import Limits
+    given = {name: getattr(args, name) for name in ("max_statement_bytes", "max_value_bytes", "max_batch_rows")}
+    return Limits(**{name: value for name, value in given.items() if value is not None})
+
+
 def cmd_node_start(args: argparse.Namespace) -> int:
     if args.id in args.peers:
         raise UsageError(f"--peers lists the node itself ({args.id})")
@@ -347,6 +368,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
                         peers=args.peers, shards=args.shards, storage_url=args.storage_url,
                         metrics_addr=args.metrics, spark_memory=args.spark_memory,
+                        limits=node_limits(args),
                         **({"spark_master": args.spark_master} if args.spark_master else {}),
                         **({"spark_java_options": args.spark_java_options}
                            if args.spark_java_options is not None else {}))
@@ -531,6 +553,42 @@ def cmd_exec(args: argparse.Namespace) -> int:
     console = stdout_console()
     console.print(result_table(columns, [c.type for c in response.columns], rows))
     console.print(Text(f"({len(rows)} row{'' if len(rows) == 1 else 's'})", style="dim"))
+    return 0
+
+
+# ------------------------------------------------------------------ vbc load
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from vbc import load
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]} rows/s"), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), disable=args.quiet) as bar:
+        task = bar.add_task(f"checking {args.file.name}", total=None, rate="-")
+        sending_since = [time.monotonic()]
+
+        def on_total(total: int) -> None:
+            sending_since[0] = time.monotonic()
+            bar.update(task, description=f"loading {args.file.name}", total=total)
+
+        def advance(rows: int) -> None:
+            done = bar.tasks[0].completed + rows
+            rate = done / max(time.monotonic() - sending_since[0], 1e-9)
+            bar.update(task, completed=done, rate=f"{rate:,.0f}")
+
+        try:
+            committed, seconds = load.load(target_addresses(args), args.table, args.file, args.batch_rows,
+                                           on_total, advance)
+        except load.LoadError as error:
+            bar.stop()
+            print(f"error: {error}", file=sys.stderr)
+            print(f"{error.committed:,} rows were committed before the error" if error.committed
+                  else "nothing was written", file=sys.stderr)
+            return 1
+    print(f"loaded {committed:,} rows into {args.table} in {seconds:.1f} s ({committed / max(seconds, 1e-9):,.0f} "
+          "rows/s)")
     return 0
 
 

@@ -165,11 +165,87 @@ def error_text(error: grpc.RpcError) -> str:
 
 
 def execute_response(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT,
-                     params: list[list] | None = None) -> pb.ExecuteResponse:
-    """The raw ExecuteResponse of `statement` (with bind values `params`), run on the first reachable node."""
-    request = pb.ExecuteRequest(statement=statement, params=[values_to_proto(values) for values in params or []])
-    return call_any(addr_or_addrs, lambda addr: client_stub(addr).Execute(request, timeout=timeout),
+                     params=None) -> pb.ExecuteResponse:
+    """The raw ExecuteResponse of `statement` (with bind values `params`), run on the first reachable node.
+
+    `params`: value sets as a list of lists or tuples, or columns as a `pyarrow.Table`/`RecordBatch` or a pandas
+    `DataFrame` (sent as one Arrow IPC stream: one column per `?`, in order). With values, the statement is
+    prepared on that node first (once per node and text: see `prepare`).
+    """
+    arrow = arrow_ipc(params)
+    if arrow is None and not params:
+        request = pb.ExecuteRequest(statement=statement)
+        return call_any(addr_or_addrs, lambda addr: client_stub(addr).Execute(request, timeout=timeout),
+                        idempotent=is_read(statement))
+    values = pb.ExecuteRequest(arrow_values=arrow) if arrow is not None else pb.ExecuteRequest(
+        params=[values_to_proto(row) for row in params])
+    return call_any(addr_or_addrs, lambda addr: execute_prepared(addr, statement, values, timeout),
                     idempotent=is_read(statement))
+
+
+def arrow_ipc(values) -> bytes | None:
+    """`values` as Arrow IPC stream bytes when it is a pyarrow Table or RecordBatch or a pandas DataFrame."""
+    module = type(values).__module__
+    if not module.startswith(("pyarrow", "pandas")):
+        return None
+    import pyarrow as pa
+    if module.startswith("pandas"):
+        values = pa.Table.from_pandas(values, preserve_index=False)
+    elif isinstance(values, pa.RecordBatch):
+        values = pa.Table.from_batches([values])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, values.schema) as writer:
+        writer.write_table(values)
+    return sink.getvalue().to_pybytes()
+
+
+# Prepared statements: (node address, statement text) -> the node's PrepareResponse.
+_prepared: dict[tuple[str, str], pb.PrepareResponse] = {}
+_prepared_lock = threading.Lock()
+PREPARED_CACHE_SIZE = 4096
+
+
+def prepare(addr: str, statement: str, timeout: float = DEFAULT_TIMEOUT) -> pb.PrepareResponse:
+    """`statement` prepared on the node at `addr` (cached: one Prepare per node and text): its id and bind columns."""
+    key = (addr, statement)
+    with _prepared_lock:
+        cached = _prepared.get(key)
+    if cached is not None:
+        return cached
+    response = client_stub(addr).Prepare(pb.PrepareRequest(statement=statement), timeout=timeout)
+    with _prepared_lock:
+        if len(_prepared) >= PREPARED_CACHE_SIZE:
+            _prepared.pop(next(iter(_prepared)))
+        _prepared[key] = response
+    return response
+
+
+def forget_prepared(addr: str, statement: str) -> None:
+    with _prepared_lock:
+        _prepared.pop((addr, statement), None)
+
+
+def is_unprepared(error: grpc.RpcError) -> bool:
+    """The node does not hold the prepared statement (any more): prepare it again."""
+    return (error.code() == grpc.StatusCode.FAILED_PRECONDITION
+            and (error.details() or "").startswith("unprepared statement"))
+
+
+def execute_prepared(addr: str, statement: str, values: pb.ExecuteRequest,
+                     timeout: float = DEFAULT_TIMEOUT) -> pb.ExecuteResponse:
+    """Execute `statement` prepared on `addr` with the value sets of `values` (its `params` or `arrow_values`);
+    prepared again once if the node lost it (restarted, evicted, or a table of it changed)."""
+    for attempt in (1, 2):
+        prepared = prepare(addr, statement, timeout)
+        request = pb.ExecuteRequest(prepared_id=prepared.id)
+        request.MergeFrom(values)
+        try:
+            return client_stub(addr).Execute(request, timeout=timeout)
+        except grpc.RpcError as error:
+            if attempt == 2 or not is_unprepared(error):
+                raise
+            forget_prepared(addr, statement)
+    raise AssertionError("unreachable")
 
 
 def is_read(statement: str) -> bool:
@@ -184,8 +260,9 @@ def result_from_response(response: pb.ExecuteResponse) -> tuple[list[str], list[
 
 
 def execute(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT,
-            params: list[list] | None = None) -> tuple[list[str], list[list], str]:
-    """Run one statement (once per bind-value set in `params`): (column names, rows, message)."""
+            params=None) -> tuple[list[str], list[list], str]:
+    """Run one statement (once per bind-value set in `params`, see `execute_response`): (column names, rows,
+    message)."""
     return result_from_response(execute_response(addr_or_addrs, statement, timeout, params))
 
 

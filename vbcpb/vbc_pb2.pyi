@@ -36,14 +36,34 @@ class Column(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("statement", "page_size", "params")
+    __slots__ = ("statement", "page_size", "params", "prepared_id", "arrow_values")
     STATEMENT_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_ID_FIELD_NUMBER: _ClassVar[int]
+    ARROW_VALUES_FIELD_NUMBER: _ClassVar[int]
     statement: str
     page_size: int
     params: _containers.RepeatedCompositeFieldContainer[Row]
-    def __init__(self, statement: _Optional[str] = ..., page_size: _Optional[int] = ..., params: _Optional[_Iterable[_Union[Row, _Mapping]]] = ...) -> None: ...
+    prepared_id: str
+    arrow_values: bytes
+    def __init__(self, statement: _Optional[str] = ..., page_size: _Optional[int] = ..., params: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., prepared_id: _Optional[str] = ..., arrow_values: _Optional[bytes] = ...) -> None: ...
+
+class PrepareRequest(_message.Message):
+    __slots__ = ("statement",)
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    statement: str
+    def __init__(self, statement: _Optional[str] = ...) -> None: ...
+
+class PrepareResponse(_message.Message):
+    __slots__ = ("id", "bind_columns", "primary_key")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    BIND_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_KEY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    bind_columns: _containers.RepeatedCompositeFieldContainer[Column]
+    primary_key: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., bind_columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., primary_key: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
     __slots__ = ("columns", "rows", "message")

@@ -46,6 +46,11 @@ class ClientStub:
                 request_serializer=vbcpb_dot_vbc__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.ExecuteResponse.FromString,
                 _registered_method=True)
+        self.Prepare = channel.unary_unary(
+                '/vbc.v1.Client/Prepare',
+                request_serializer=vbcpb_dot_vbc__pb2.PrepareRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.PrepareResponse.FromString,
+                _registered_method=True)
 
 
 class ClientServicer:
@@ -67,6 +72,15 @@ class ClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prepare(self, request, context):
+        """Parses and resolves a statement once: its id (the same on every node) and the column each `?` is for.
+        Execute it with `ExecuteRequest.prepared_id`; FAILED_PRECONDITION "unprepared statement ..." means this
+        node does not hold it (any more: a table it uses was dropped or changed): prepare it again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -79,6 +93,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.ExecuteStream,
                     request_deserializer=vbcpb_dot_vbc__pb2.ExecuteRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.ExecuteResponse.SerializeToString,
+            ),
+            'Prepare': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prepare,
+                    request_deserializer=vbcpb_dot_vbc__pb2.PrepareRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.PrepareResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,6 +156,33 @@ class Client:
             '/vbc.v1.Client/ExecuteStream',
             vbcpb_dot_vbc__pb2.ExecuteRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.ExecuteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prepare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Client/Prepare',
+            vbcpb_dot_vbc__pb2.PrepareRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.PrepareResponse.FromString,
             options,
             channel_credentials,
             insecure,

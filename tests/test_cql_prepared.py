@@ -1,0 +1,160 @@
+"""Prepared statements (bind columns, ids, invalidation by DROP and re-creation) and request size limits."""
+from __future__ import annotations
+
+import pytest
+
+from common.injection import Injections
+from common.metrics import NodeMetrics
+from coordinator.core.errors import InvalidArgument, NotFound
+from cql.executor import Executor
+from cql.limits import Limits
+from cql.prepared import BindColumn, PreparedCache, Unprepared, statement_id
+
+from .fakes import FakeGroup0
+from .test_executor_routing import NOW, RecordingReader, RecordingWriter, register_node
+
+
+def executor_on(group0: FakeGroup0, limits: Limits | None = None) -> tuple[Executor, RecordingWriter]:
+    writer = RecordingWriter()
+    return Executor(group0, writer, RecordingReader(), now=lambda: NOW, injections=Injections(),
+                    metrics=NodeMetrics(), limits=limits), writer
+
+
+@pytest.fixture
+def cluster():
+    group0 = FakeGroup0()
+    register_node(group0, "n1")
+    executor, writer = executor_on(group0)
+    executor.execute("CREATE KEYSPACE ks WITH replication = {'replication_factor': 1} AND tablets = {'initial': 4}")
+    executor.execute("CREATE TABLE ks.t (p int, c bigint, v text, d double, PRIMARY KEY (p, c))")
+    return executor, group0, writer
+
+
+INSERT = "INSERT INTO ks.t (p, c, v, d) VALUES (?, ?, ?, ?)"
+
+
+def test_prepare_names_the_column_and_type_of_every_marker_in_order(cluster):
+    executor, _, _ = cluster
+    assert executor.prepare(INSERT).bind_columns == (BindColumn("p", "int"), BindColumn("c", "bigint"),
+                                                     BindColumn("v", "text"), BindColumn("d", "double"))
+    update = executor.prepare("UPDATE ks.t SET v = ? WHERE p = ? AND c = ?")
+    assert [c.name for c in update.bind_columns] == ["v", "p", "c"]
+    select = executor.prepare("SELECT * FROM ks.t WHERE p IN (?, ?) AND c = ?")
+    assert select.bind_columns == (BindColumn("p", "int"), BindColumn("p", "int"), BindColumn("c", "bigint"))
+    batch = executor.prepare("BEGIN BATCH DELETE FROM ks.t WHERE p = ? AND c = ?; "
+                             "INSERT INTO ks.t (p, c) VALUES (?, 5) APPLY BATCH")
+    assert [c.name for c in batch.bind_columns] == ["p", "c", "p"]
+
+
+def test_the_id_is_the_same_on_every_node_and_for_every_preparation(cluster):
+    executor, group0, _ = cluster
+    other, _ = executor_on(group0)
+    assert executor.prepare(INSERT).id == other.prepare(INSERT).id == statement_id(INSERT)
+    assert statement_id(INSERT) != statement_id(INSERT + " ")
+
+
+def test_a_prepared_statement_runs_with_value_sets_like_the_text(cluster):
+    executor, _, writer = cluster
+    prepared = executor.prepare(INSERT)
+    result = executor.execute("", params=[[1, 2, "a", 0.5], [3, 4, None, -0.0]], prepared_id=prepared.id)
+    assert result.message == "ok: 2 statements applied"
+    [(mutations, _)] = writer.writes
+    assert [row.key for _, row in mutations] == [(1, 2), (3, 4)]
+
+
+def test_preparing_refuses_what_executing_would(cluster):
+    executor, _, _ = cluster
+    with pytest.raises(InvalidArgument, match="unknown column 'nope'"):
+        executor.prepare("INSERT INTO ks.t (p, c, nope) VALUES (?, ?, ?)")
+    with pytest.raises(NotFound):
+        executor.prepare("INSERT INTO ks.missing (p) VALUES (?)")
+
+
+def test_an_unknown_id_is_unprepared(cluster):
+    executor, _, _ = cluster
+    with pytest.raises(Unprepared, match="^unprepared statement abc: this node does not hold it"):
+        executor.execute("", params=[[1, 2, "a", 1.0]], prepared_id="abc")
+
+
+def test_dropping_the_table_invalidates_and_preparing_again_reports_it_missing(cluster):
+    executor, _, writer = cluster
+    prepared = executor.prepare(INSERT)
+    executor.execute("DROP TABLE ks.t")
+    with pytest.raises(Unprepared, match="table ks.t was dropped since it was prepared; prepare it again"):
+        executor.execute("", params=[[1, 2, "a", 1.0]], prepared_id=prepared.id)
+    with pytest.raises(NotFound):
+        executor.prepare(INSERT)
+    assert writer.writes == []
+
+
+def test_a_table_recreated_under_the_name_invalidates_the_statement(cluster):
+    executor, _, writer = cluster
+    prepared = executor.prepare("INSERT INTO ks.t (p, c, v) VALUES (?, ?, ?)")
+    executor.execute("DROP TABLE ks.t")
+    executor.execute("CREATE TABLE ks.t (p int, c bigint, v int, PRIMARY KEY (p, c))")  # v is an int now
+    with pytest.raises(Unprepared, match="table ks.t changed"):
+        executor.execute("", params=[[1, 2, "a"]], prepared_id=prepared.id)
+    again = executor.prepare("INSERT INTO ks.t (p, c, v) VALUES (?, ?, ?)")
+    assert again.id == prepared.id and again.bind_columns[2] == BindColumn("v", "int")
+    executor.execute("", params=[[1, 2, 7]], prepared_id=again.id)
+    assert len(writer.writes) == 1
+
+
+def test_the_cache_evicts_the_least_recently_used(cluster):
+    executor, _, _ = cluster
+    cache = PreparedCache(capacity=2)
+    first, second, third = (executor.prepare(f"SELECT * FROM ks.t WHERE p = ? LIMIT {n}") for n in (1, 2, 3))
+    cache.add(first), cache.add(second)
+    cache.get(first.id)
+    cache.add(third)
+    assert len(cache) == 2 and cache.get(first.id) is first and cache.get(third.id) is third
+    with pytest.raises(Unprepared):
+        cache.get(second.id)
+
+
+# ----------------------------------------------------------------- limits
+
+
+def small_limits(group0: FakeGroup0) -> Executor:
+    executor, _ = executor_on(group0, Limits(max_statement_bytes=100, max_value_bytes=10, max_batch_rows=3))
+    return executor
+
+
+def test_a_long_statement_is_refused_before_parsing(cluster):
+    _, group0, _ = cluster
+    executor = small_limits(group0)
+    with pytest.raises(InvalidArgument, match=r"the statement is 101 bytes, over the limit of 100 "
+                                              r"\(max_statement_bytes\)"):
+        executor.execute("x" * 101)  # not even a statement: the limit comes first
+    with pytest.raises(InvalidArgument, match="over the limit of 100"):
+        executor.execute("é" * 51)  # 102 UTF-8 bytes
+    with pytest.raises(InvalidArgument, match="over the limit of 100"):
+        executor.prepare("x" * 101)
+
+
+def test_a_large_value_is_refused_naming_its_position(cluster):
+    _, group0, _ = cluster
+    executor = small_limits(group0)
+    prepared = executor.prepare(INSERT)
+    with pytest.raises(InvalidArgument, match=r"value 3 of value set 2 is 11 bytes, over the limit of 10 "
+                                              r"\(max_value_bytes\)"):
+        executor.execute("", params=[[1, 1, "ok", 1.0], [2, 2, "x" * 11, 1.0]], prepared_id=prepared.id)
+    executor.execute("", params=[[1, 1, "x" * 10, 1.0]], prepared_id=prepared.id)
+
+
+def test_too_many_value_sets_or_batch_statements_are_refused(cluster):
+    _, group0, _ = cluster
+    executor = small_limits(group0)
+    with pytest.raises(InvalidArgument, match=r"4 bind-value sets in one execution, over the limit of 3 "
+                                              r"\(max_batch_rows\)"):
+        executor.execute("INSERT INTO ks.t (p, c) VALUES (?, ?)", params=[[i, i] for i in range(4)])
+    statements = " ".join(f"INSERT INTO ks.t (p, c) VALUES ({i}, 1);" for i in range(4))
+    with pytest.raises(InvalidArgument, match="4 statements in one execution"):
+        Executor(group0, RecordingWriter(), RecordingReader(), now=lambda: NOW, injections=Injections(),
+                 metrics=NodeMetrics(), limits=Limits(max_batch_rows=3)).execute(
+            f"BEGIN BATCH {statements} APPLY BATCH")
+
+
+def test_limits_must_be_positive():
+    with pytest.raises(ValueError, match="max_value_bytes must be at least 1"):
+        Limits(max_value_bytes=0)

@@ -1,0 +1,237 @@
+"""`vbc load KS.TABLE FILE`: a CSV or Parquet file into a table, checked first, then sent in Arrow batches.
+
+The file is read twice, streaming (bounded memory): a first pass checks everything against the table before
+anything is written: its columns (unknown ones, missing primary key columns), every value's conversion to its
+column's type, and NULLs in key columns, each refused naming the file's row (CSV: data row and line; Parquet:
+row group and row) and column. The second pass sends `--batch-rows` rows per execution of one prepared
+`INSERT` with the values as an Arrow IPC stream. A failure midway says how many rows were committed; every
+row is an INSERT, so loading the file again is harmless.
+
+CSV: a header line names the columns; an unquoted empty field, NULL or null is NULL; a quoted "" is an empty
+text; booleans are true/false (or 1/0); timestamps are ISO 8601 or microseconds since the epoch.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from vbc import client
+
+DEFAULT_BATCH_ROWS = 5_000
+CSV_BLOCK_BYTES = 4 << 20
+CSV_NULLS = ["", "NULL", "null"]
+ARROW_TYPES = {"int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
+               "text": pa.string(), "timestamp": pa.int64()}
+
+
+class LoadError(Exception):
+    """The file cannot be loaded into the table; `committed` rows were written before (0: nothing)."""
+
+    def __init__(self, message: str, committed: int = 0):
+        super().__init__(message)
+        self.committed = committed
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows of the file as read, and where they are (for messages)."""
+
+    batch: pa.RecordBatch
+    first_row: int  # 1-based data row of the file (CSV) or row within the row group (Parquet)
+    row_group: int | None = None  # Parquet only
+
+    def where(self, offset: int) -> str:
+        row = self.first_row + offset
+        if self.row_group is None:
+            return f"data row {row:,} (line {row + 1:,})"
+        return f"row group {self.row_group}, row {row:,}"
+
+
+# ------------------------------------------------------------------ reading
+
+
+def file_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix in (".csv", ".txt"):
+        return "csv"
+    raise LoadError(f"{path}: unknown file type {suffix or '(none)'}; use a .csv or .parquet file")
+
+
+def file_columns(path: Path, fmt: str) -> list[str]:
+    if fmt == "parquet":
+        return list(_parquet(path).schema_arrow.names)
+    reader = _csv_reader(path)
+    try:
+        return list(reader.schema.names)
+    finally:
+        reader.close()
+
+
+def _parquet(path: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as error:
+        raise LoadError(f"{path}: not a readable Parquet file: {error}") from None
+
+
+def _csv_reader(path: Path, names: list[str] | None = None) -> pacsv.CSVStreamingReader:
+    convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names or []}, null_values=CSV_NULLS,
+                                   strings_can_be_null=True, quoted_strings_can_be_null=False)
+    try:
+        return pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+                              convert_options=convert)
+    except (pa.ArrowException, OSError) as error:
+        raise LoadError(f"{path}: not a readable CSV file: {error}") from None
+
+
+def chunks(path: Path, fmt: str, names: list[str], batch_rows: int) -> Iterator[Chunk]:
+    """The file's rows in record batches of at most `batch_rows`, every CSV column as text."""
+    if fmt == "parquet":
+        parquet = _parquet(path)
+        for group in range(parquet.num_row_groups):
+            row = 1
+            for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[group], columns=names):
+                yield Chunk(batch, row, group)
+                row += batch.num_rows
+        return
+    reader, row = _csv_reader(path, names), 1
+    try:
+        for block in reader:
+            for start in range(0, block.num_rows, batch_rows):
+                batch = block.slice(start, batch_rows)
+                yield Chunk(batch, row)
+                row += batch.num_rows
+    except pa.ArrowInvalid as error:
+        raise LoadError(f"{path}: after data row {row - 1:,}: {error}") from None
+    finally:
+        reader.close()
+
+
+# ------------------------------------------------------------------ checking and converting
+
+
+def _cast(column: pa.Array, cql_type: str) -> pa.Array:
+    target = ARROW_TYPES[cql_type]
+    if cql_type == "timestamp":
+        return _timestamp_micros(column)
+    return column.cast(target, safe=True)
+
+
+def _timestamp_micros(column: pa.Array) -> pa.Array:
+    if pa.types.is_timestamp(column.type):
+        return column.cast(pa.timestamp("us", tz=column.type.tz), safe=True).cast(pa.int64())
+    if pa.types.is_string(column.type):
+        numeric = pc.match_substring_regex(column, r"^-?[0-9]+$")
+        as_int = pc.if_else(numeric, column, pa.scalar(None, pa.string())).cast(pa.int64())
+        as_time = pc.if_else(numeric, pa.scalar(None, pa.string()), column).cast(pa.timestamp("us")).cast(pa.int64())
+        return pc.coalesce(as_int, as_time)
+    return column.cast(pa.int64(), safe=True)
+
+
+def _first_bad_row(column: pa.Array, cql_type: str) -> int:
+    """The offset of the first value of `column` that does not convert (bisection over prefixes)."""
+    low, high = 0, len(column)  # the prefix of length `low` converts; the one of length `high` does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        try:
+            _cast(column.slice(0, middle), cql_type)
+            low = middle
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            high = middle
+    return low
+
+
+def converted(chunk: Chunk, names: list[str], types: list[str], key: set[str], path: Path) -> pa.Table:
+    """The chunk's columns converted to the table's types; LoadError naming the row and column of a bad value."""
+    arrays = []
+    for name, cql_type in zip(names, types):
+        column = chunk.batch.column(name)
+        try:
+            value = _cast(column, cql_type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            offset = _first_bad_row(column, cql_type)
+            raise LoadError(f"{path}: {chunk.where(offset)}, column {name!r}: {column[offset].as_py()!r} does not "
+                            f"convert to {cql_type} ({error})") from None
+        if name in key and value.null_count:
+            offset = pc.index(pc.is_null(value), True).as_py()
+            raise LoadError(f"{path}: {chunk.where(offset)}, column {name!r}: primary key columns cannot be NULL")
+        arrays.append(value)
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+# ------------------------------------------------------------------ the load
+
+
+@dataclass
+class Plan:
+    insert: str
+    names: list[str]
+    types: list[str]
+    key: set[str]
+
+
+def plan_load(addresses: list[str], table: str, path: Path, fmt: str) -> Plan:
+    """The prepared INSERT of the file's columns, checked against the table (LoadError naming what is wrong)."""
+    names = file_columns(path, fmt)
+    if not names or len(set(names)) != len(names):
+        raise LoadError(f"{path}: the file must name each column once; it has {names}")
+    quoted = ", ".join(f'"{n}"' if not n.isidentifier() or n.lower() != n else n for n in names)
+    insert = f"INSERT INTO {table} ({quoted}) VALUES ({', '.join('?' * len(names))})"
+    try:
+        prepared = client.call_any(addresses, lambda addr: client.prepare(addr, insert), idempotent=True)
+    except grpc.RpcError as error:
+        raise LoadError(f"{path} does not fit {table}: {client.error_text(error)}") from None
+    missing = [k for k in prepared.primary_key if k not in names]
+    if missing:
+        raise LoadError(f"{path} lacks primary key column(s) {', '.join(missing)} of {table}")
+    return Plan(insert, names, [c.type for c in prepared.bind_columns], set(prepared.primary_key))
+
+
+def check_file(path: Path, fmt: str, plan: Plan, batch_rows: int) -> int:
+    """First pass: every value converts and no key is NULL; the number of rows."""
+    rows = 0
+    for chunk in chunks(path, fmt, plan.names, batch_rows):
+        converted(chunk, plan.names, plan.types, plan.key, path)
+        rows += chunk.batch.num_rows
+    return rows
+
+
+def send_file(addresses: list[str], path: Path, fmt: str, plan: Plan, batch_rows: int,
+              progress: Callable[[int], None]) -> int:
+    """Second pass: each batch as one execution of the prepared INSERT; the rows committed."""
+    committed = 0
+    for chunk in chunks(path, fmt, plan.names, batch_rows):
+        values = converted(chunk, plan.names, plan.types, plan.key, path)
+        try:
+            client.execute(addresses, plan.insert, params=values)
+        except grpc.RpcError as error:
+            raise LoadError(f"{path}: the batch starting at {chunk.where(0)} failed: {client.error_text(error)}",
+                            committed) from None
+        committed += values.num_rows
+        progress(values.num_rows)
+    return committed
+
+
+def load(addresses: list[str], table: str, path: Path, batch_rows: int = DEFAULT_BATCH_ROWS,
+         on_total: Callable[[int], None] = lambda total: None,
+         progress: Callable[[int], None] = lambda rows: None) -> tuple[int, float]:
+    """Load the file into the table: (rows committed, seconds spent sending). LoadError when it cannot."""
+    if not path.is_file():
+        raise LoadError(f"{path}: no such file")
+    fmt = file_format(path)
+    plan = plan_load(addresses, table, path, fmt)
+    total = check_file(path, fmt, plan, batch_rows)
+    on_total(total)
+    started = time.monotonic()
+    committed = send_file(addresses, path, fmt, plan, batch_rows, progress)
+    return committed, time.monotonic() - started
