@@ -1,16 +1,22 @@
-"""Write-path benchmark: rows/s through a real cluster vs. plain SQLite inserts of the same rows, and Raft commit latency.
+"""Write-path benchmark: rows/s through a real cluster vs. SQLite and PostgreSQL inserts of the same rows, single-row
+latency, and Raft commit latency.
 
-Run: `make bench` or `.venv/bin/python bench/write_path.py [--rows N] [--batch B] [--clients C]`.
-Scenarios: 1 node RF 1 and 3 nodes RF 3, each with 0 and 1 materialized view, writing BATCH statement
-text; and the same INSERT with `?` bind markers and one value set per row (parsed once). The baseline is
-SQLite's own `executemany` INSERT of the same rows into one WAL-mode table, one transaction per batch,
-measured in the same run. Figures are printed as ratios (ours / baseline): absolute times are noisy.
+Run: `make bench` or `.venv/bin/python bench/write_path.py [--rows N] [--batch B] [--arrow-batch A] [--clients C]`.
+For 1 node RF 1 and 3 nodes RF 3, each with 0 and 1 materialized view, rows/s of four ways to write the same rows:
+`text` (BEGIN BATCH statement text of B INSERTs), `prepared` (one prepared INSERT, B value sets per execution),
+`arrow` (the prepared INSERT with A value sets as one Arrow IPC stream), `load` (`vbc load` of a Parquet file, A
+rows per execution, its checking pass included). text/prepared/arrow run C concurrent clients spread over the
+nodes; load is one process. Baselines, same rows, same run: SQLite `executemany` (WAL, one transaction per B or A
+rows) and, when PostgreSQL 15 is installed, psycopg `executemany` and `COPY` (a table with the same primary key,
+and one secondary index for the 1-view rows). Ratios are ours / SQLite `executemany` with the same rows per
+transaction: absolute times are noisy.
 """
 from __future__ import annotations
 
 import argparse
 import random
 import sqlite3
+import statistics
 import sys
 import tempfile
 import threading
@@ -19,13 +25,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from bench.postgres import PostgresUnavailable, throwaway_server  # noqa: E402
 from bench.raft_commit import measure_commit_latency  # noqa: E402
-from vbc import client  # noqa: E402
+from vbc import client, load  # noqa: E402
 from vbc.cluster import start_cluster, stop_cluster  # noqa: E402
 
-SCENARIOS = [(1, 1, 0, False), (1, 1, 1, False), (3, 3, 0, False), (3, 3, 1, False),
-             (1, 1, 0, True), (3, 3, 1, True)]  # (nodes, rf, views, bind markers with value sets)
-INSERT = "INSERT INTO bench.t (id, name, score, grp) VALUES (?, ?, ?, ?)"
+CONFIGS = [(1, 1, 0), (1, 1, 1), (3, 3, 0), (3, 3, 1)]  # (nodes, rf, views)
+METHODS = ("text", "prepared", "arrow", "load")
+COLUMNS = ("id", "name", "score", "grp")
 
 
 def make_rows(count: int, seed: int = 7) -> list[tuple]:
@@ -33,13 +43,24 @@ def make_rows(count: int, seed: int = 7) -> list[tuple]:
     return [(i, f"name-{rnd.randrange(10**6)}", rnd.random() * 1000, rnd.randrange(100)) for i in range(count)]
 
 
-def sqlite_baseline(rows: list[tuple], batch: int) -> float:
+def arrow_table(rows: list[tuple]) -> pa.Table:
+    return pa.table({name: [r[i] for r in rows] for i, name in enumerate(COLUMNS)},
+                    schema=pa.schema([("id", pa.int32()), ("name", pa.string()), ("score", pa.float64()),
+                                      ("grp", pa.int32())]))
+
+
+# ------------------------------------------------------------------ baselines
+
+
+def sqlite_baseline(rows: list[tuple], batch: int, index: bool = False) -> float:
     """Rows/s of plain SQLite inserts (WAL, one transaction per batch) into a table of the same shape."""
     with tempfile.TemporaryDirectory() as tmp:
         db = sqlite3.connect(Path(tmp) / "baseline.db", isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT, score REAL, grp INTEGER)")
+        if index:
+            db.execute("CREATE INDEX t_grp ON t (grp, id)")
         start = time.perf_counter()
         for i in range(0, len(rows), batch):
             db.execute("BEGIN")
@@ -50,33 +71,109 @@ def sqlite_baseline(rows: list[tuple], batch: int) -> float:
     return len(rows) / elapsed
 
 
-def batch_statement(rows: list[tuple]) -> str:
-    inserts = " ".join(f"INSERT INTO bench.t (id, name, score, grp) VALUES ({i}, '{n}', {s!r}, {g});"
+def postgres_baselines(rows: list[tuple], batch: int, index: bool) -> dict[str, float] | None:
+    """Rows/s of psycopg `executemany` and `COPY` (one transaction per batch); None without PostgreSQL."""
+    import psycopg
+    try:
+        with throwaway_server(fsync=True) as url:
+            dsn = url.replace("postgresql+psycopg://", "postgresql://")
+            rates = {}
+            for way in ("executemany", "copy"):
+                with psycopg.connect(dsn, autocommit=False) as conn:
+                    conn.execute(f"CREATE TABLE t_{way} (id int PRIMARY KEY, name text, score double precision, "
+                                 "grp int)")
+                    if index:
+                        conn.execute(f"CREATE INDEX ON t_{way} (grp, id)")
+                    conn.commit()
+                    start = time.perf_counter()
+                    for i in range(0, len(rows), batch):
+                        _postgres_batch(conn, way, rows[i:i + batch])
+                        conn.commit()
+                    rates[way] = len(rows) / (time.perf_counter() - start)
+            return rates
+    except PostgresUnavailable:
+        return None
+
+
+def _postgres_batch(conn, way: str, rows: list[tuple]) -> None:
+    with conn.cursor() as cursor:
+        if way == "executemany":
+            cursor.executemany("INSERT INTO t_executemany VALUES (%s, %s, %s, %s)", rows)
+            return
+        with cursor.copy("COPY t_copy (id, name, score, grp) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+
+
+# ------------------------------------------------------------------ ours
+
+
+def batch_statement(rows: list[tuple], table: str) -> str:
+    inserts = " ".join(f"INSERT INTO {table} (id, name, score, grp) VALUES ({i}, '{n}', {s!r}, {g});"
                        for i, n, s, g in rows)
     return f"BEGIN BATCH {inserts} APPLY BATCH"
 
 
-def cluster_rate(nodes: int, rf: int, views: int, bound: bool, rows: list[tuple], batch: int, clients: int) -> float:
-    """Rows/s written through a fresh cluster by `clients` concurrent clients spread over its nodes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = start_cluster(Path(tmp), nodes=nodes, die_with_parent=True)
+def create_table(address: str, table: str, views: int) -> None:
+    client.execute(address, f"CREATE TABLE {table} (id int, name text, score double, grp int, PRIMARY KEY (id))")
+    if views:
+        client.execute(address, f"CREATE MATERIALIZED VIEW {table}_by_grp AS SELECT * FROM {table} "
+                                "WHERE grp IS NOT NULL AND id IS NOT NULL PRIMARY KEY (grp, id)")
+
+
+def method_rate(method: str, addresses: list[str], table: str, rows: list[tuple], batch: int, arrow_batch: int,
+                clients: int, tmp: Path) -> float:
+    """Rows/s of one way of writing `rows` into `table`."""
+    insert = f"INSERT INTO {table} (id, name, score, grp) VALUES (?, ?, ?, ?)"
+    if method == "load":
+        path = tmp / f"{table}.parquet"
+        pq.write_table(arrow_table(rows), path, row_group_size=arrow_batch)
+        started = time.perf_counter()
+        load.load(addresses, table, path, arrow_batch)
+        return len(rows) / (time.perf_counter() - started)
+    if method == "text":
+        work = [(batch_statement(rows[i:i + batch], table), None) for i in range(0, len(rows), batch)]
+    elif method == "prepared":
+        work = [(insert, [list(r) for r in rows[i:i + batch]]) for i in range(0, len(rows), batch)]
+    else:
+        work = [(insert, arrow_table(rows[i:i + arrow_batch])) for i in range(0, len(rows), arrow_batch)]
+    return len(rows) / _run_clients(work, addresses, clients)
+
+
+def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int, arrow_batch: int,
+                  clients: int) -> tuple[dict[str, float], list[float] | None]:
+    """Rows/s per method through one fresh cluster (a table per method), and single-row INSERT latencies (s)."""
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        cluster = start_cluster(tmp / "cluster", nodes=nodes, die_with_parent=True)
         try:
             addresses = [n["grpc"] for n in cluster["nodes"]]
-            client.execute(addresses[0], f"CREATE KEYSPACE bench WITH replication = {{'rf': {rf}}} AND tablets = {{'initial': 8}}")
-            client.execute(addresses[0], "CREATE TABLE bench.t (id int, name text, score double, grp int, PRIMARY KEY (id))")
-            if views:
-                client.execute(addresses[0], "CREATE MATERIALIZED VIEW bench.by_grp AS SELECT * FROM bench.t "
-                                             "WHERE grp IS NOT NULL AND id IS NOT NULL PRIMARY KEY (grp, id)")
-            if bound:
-                statements = [(INSERT, [list(r) for r in rows[i:i + batch]]) for i in range(0, len(rows), batch)]
-            else:
-                statements = [(batch_statement(rows[i:i + batch]), None) for i in range(0, len(rows), batch)]
-            elapsed = _run_clients(statements, addresses, clients)
-            written = client.query(addresses[0], "SELECT COUNT(*) FROM bench.t")[0]["count"]
-            assert written == len(rows), f"expected {len(rows)} rows, found {written}"
-            return len(rows) / elapsed
+            client.execute(addresses[0], f"CREATE KEYSPACE bench WITH replication = {{'rf': {rf}}} "
+                                         "AND tablets = {'initial': 8}")
+            rates = {}
+            for method in METHODS:
+                table = f"bench.t_{method}"
+                create_table(addresses[0], table, views)
+                rates[method] = method_rate(method, addresses, table, rows, batch, arrow_batch, clients, tmp)
+                written = client.query(addresses[0], f"SELECT COUNT(*) FROM {table}")[0]["count"]
+                assert written == len(rows), f"{method}: expected {len(rows)} rows, found {written}"
+            latencies = single_row_latencies(addresses[0], views) if nodes == 3 else None
+            return rates, latencies
         finally:
-            stop_cluster(Path(tmp))
+            stop_cluster(tmp / "cluster")
+
+
+def single_row_latencies(address: str, views: int, count: int = 500) -> list[float]:
+    """Seconds per single-row INSERT through the (cached) prepared statement, one client."""
+    create_table(address, "bench.single", views)
+    insert = "INSERT INTO bench.single (id, name, score, grp) VALUES (?, ?, ?, ?)"
+    client.execute(address, insert, params=[[-1, "warm", 0.0, 0]])
+    latencies = []
+    for i in range(count):
+        started = time.perf_counter()
+        client.execute(address, insert, params=[[i, f"n{i}", i / 3, i % 100]])
+        latencies.append(time.perf_counter() - started)
+    return latencies
 
 
 def _run_clients(statements: list[tuple], addresses: list[str], clients: int) -> float:
@@ -105,23 +202,35 @@ def _run_clients(statements: list[tuple], addresses: list[str], clients: int) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=200, help="INSERTs per BATCH text / value sets per execution")
+    parser.add_argument("--arrow-batch", type=int, default=5_000, help="rows per Arrow execution and per load batch")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--raft-n", type=int, default=1000, help="Raft commands for the latency figure")
     args = parser.parse_args()
 
     rows = make_rows(args.rows)
-    print(f"write path: {args.rows} rows, BATCH of {args.batch} INSERTs, {args.clients} concurrent clients")
-    print(f"{'scenario':<40} {'ours rows/s':>12} {'sqlite rows/s':>14} {'ratio':>8}")
-    for nodes, rf, views, bound in SCENARIOS:
-        ours = cluster_rate(nodes, rf, views, bound, rows, args.batch, args.clients)
-        baseline = sqlite_baseline(rows, args.batch)
-        label = (f"{nodes} node{'s' if nodes > 1 else ''} RF {rf}, {views} view{'s' if views != 1 else ''}, "
-                 f"{'? + value sets' if bound else 'BATCH text'}")
-        print(f"{label:<40} {ours:>12.0f} {baseline:>14.0f} {ours / baseline:>8.3f}")
+    print(f"write path: {args.rows:,} rows; text/prepared: {args.batch} per execution, arrow/load: "
+          f"{args.arrow_batch} per execution; {args.clients} concurrent clients (load: one process)")
+    for nodes, rf, views in CONFIGS:
+        ours, latencies = cluster_rates(nodes, rf, views, rows, args.batch, args.arrow_batch, args.clients)
+        small = sqlite_baseline(rows, args.batch, bool(views))
+        large = sqlite_baseline(rows, args.arrow_batch, bool(views))
+        pg = postgres_baselines(rows, args.batch, bool(views))
+        print(f"\n{nodes} node{'s' if nodes > 1 else ''} RF {rf}, {views} view{'s' if views != 1 else ''}: SQLite "
+              f"executemany {small:,.0f} rows/s ({args.batch}/txn), {large:,.0f} rows/s ({args.arrow_batch}/txn)"
+              + (f"; PostgreSQL executemany {pg['executemany']:,.0f}, COPY {pg['copy']:,.0f} rows/s "
+                 f"({args.batch}/txn)" if pg else "; PostgreSQL not installed"))
+        for method in METHODS:
+            baseline = small if method in ("text", "prepared") else large
+            ratio = ours[method] / baseline
+            print(f"  {method:<9} {ours[method]:>10,.0f} rows/s   ratio to SQLite executemany {ratio:.3f}")
+        if latencies:
+            p50, p99 = statistics.median(latencies), statistics.quantiles(latencies, n=100)[98]
+            print(f"  single-row prepared INSERT: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms")
 
     report = measure_commit_latency(args.raft_n, baseline_n=50)
-    print(f"\nreplicated Raft command, 3 members on loopback ({report['mode']}), group0 settings vs pysyncobj defaults:")
+    print(f"\nreplicated Raft command, 3 members on loopback ({report['mode']}), group0 settings vs pysyncobj "
+          "defaults:")
     for role in ("leader", "follower"):
         tuned, base = report["tuned"][role], report["baseline"][role]
         print(f"  proposed on the {role:<8}: p50 {tuned['p50_ms']:.2f} ms, p99 {tuned['p99_ms']:.2f} ms "

@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from coordinator.core import types as coltypes
 from coordinator.core.errors import InvalidArgument
 from coordinator.core.schema import Table
+from coordinator.core.tokens import token_of
 from replica.rows import partition_token
 from replica.write_path import WriteCoordinator
 from storage.cells import Cell, Row
 
 from . import ast
-from .catalog import Catalog, coerce
+from .catalog import Catalog, coerce, require_column
 from .result import Result
 
 MAX_TIMESTAMP = 2**62  # leaves room for view_ts bumps within a signed 64-bit timestamp
@@ -29,19 +31,42 @@ class WriteStatements:
         """INSERT/UPDATE/DELETE/BATCH statements (one per bind-value set) as one write with one timestamp."""
         default_ts = self._now()
         mutations = []
+        tables: dict[ast.QualifiedName, Table] = {}  # each table resolved once per write
         for statement in statements:
             inner, outer_ts = (statement.statements, statement.timestamp) if isinstance(statement, ast.Batch) else (
                 (statement,), None)
             batch_ts = _timestamp(outer_ts, default_ts)
-            mutations.extend(self._mutation(s, _timestamp(s.timestamp, batch_ts)) for s in inner)
+            mutations.extend(self._mutation(s, _timestamp(s.timestamp, batch_ts), tables) for s in inner)
+        single = len(statements) == 1 and not isinstance(statements[0], ast.Batch)
+        return self._write(mutations, default_ts, single)
+
+    def run_insert_values(self, statement: ast.Insert, params: list[list]) -> Result:
+        """One INSERT with bind markers, once per value set, as one write: the rows are built from the values
+        directly (the statement is not rebuilt per value set)."""
+        table = self._catalog.writable(statement.table)
+        default_ts = self._now()
+        ts = _timestamp(statement.timestamp, default_ts)
+        markers = sorted(v.position for v in statement.values if isinstance(v, ast.BindMarker))
+        slot = {position: i for i, position in enumerate(markers)}
+        sources = [slot.get(v.position) if isinstance(v, ast.BindMarker) else None for v in statement.values]
+        rows, mutations = InsertRows(table, statement.columns), []
+        for values in params:
+            if len(values) != len(markers):
+                raise InvalidArgument(f"the statement has {len(markers)} bind marker(s) (?) but {len(values)} "
+                                      "value(s) were given")
+            literals = [values[i] if i is not None else literal for i, literal in zip(sources, statement.values)]
+            mutations.append((table, rows.row(literals, ts)))
+        return self._write(mutations, default_ts, single=len(params) == 1)
+
+    def _write(self, mutations: list, default_ts: int, single: bool) -> Result:
         if mutations:
             self._writer.write(mutations, default_ts)
-        if len(statements) == 1 and not isinstance(statements[0], ast.Batch):
-            return Result(message="ok")
-        return Result(message=f"ok: {len(mutations)} statements applied")
+        return Result(message="ok") if single else Result(message=f"ok: {len(mutations)} statements applied")
 
-    def _mutation(self, statement, ts: int) -> tuple[Table, Row]:
-        table = self._catalog.writable(statement.table)
+    def _mutation(self, statement, ts: int, tables: dict) -> tuple[Table, Row]:
+        table = tables.get(statement.table)
+        if table is None:
+            table = tables[statement.table] = self._catalog.writable(statement.table)
         builders = {ast.Insert: _insert_row, ast.Update: _update_row, ast.Delete: _delete_row}
         return table, builders[type(statement)](table, statement, ts)
 
@@ -56,10 +81,36 @@ def _timestamp(statement_ts: int | None, default_ts: int) -> int:
 
 
 def _insert_row(table: Table, s: ast.Insert, ts: int) -> Row:
-    values = {c: coerce(table, c, v) for c, v in zip(s.columns, s.values, strict=True)}
-    key = _full_key(table, values, "INSERT")
-    cells = {c: Cell(v, ts) for c, v in values.items() if c not in table.primary_key}
-    return Row(token=partition_token(table, values), key=key, marker_ts=ts, cells=cells)
+    return _insert_values_row(table, s.columns, s.values, ts)
+
+
+def _insert_values_row(table: Table, columns: tuple[str, ...], literals, ts: int) -> Row:
+    return InsertRows(table, columns).row(literals, ts)
+
+
+class InsertRows:
+    """The rows of `INSERT INTO table (columns) VALUES (...)`, with the column lookups done once."""
+
+    def __init__(self, table: Table, columns: tuple[str, ...]):
+        self._table = table
+        self._columns = columns
+        self._types = tuple(require_column(table, c).type for c in columns)
+        position = {c: i for i, c in enumerate(columns)}
+        self._key_at = tuple(position.get(k) for k in table.primary_key)
+        self._partition_at = self._key_at[:len(table.partition_key)]
+        self._partition_types = table.partition_key_types
+        keys = set(table.primary_key)
+        self._regular = tuple((i, c) for i, c in enumerate(columns) if c not in keys)
+
+    def row(self, literals, ts: int) -> Row:
+        values = [coltypes.coerce(t, v, c) for t, v, c in zip(self._types, literals, self._columns, strict=True)]
+        key = tuple(None if i is None else values[i] for i in self._key_at)
+        if any(k is None for k in key):
+            missing = [c for c, k in zip(self._table.primary_key, key) if k is None]
+            raise InvalidArgument(f"INSERT on {self._table.qualified_name} needs the full primary key "
+                                  f"({', '.join(self._table.primary_key)}); missing: {', '.join(missing)}")
+        token = token_of(key[:len(self._partition_at)], self._partition_types)
+        return Row(token=token, key=key, marker_ts=ts, cells={c: Cell(values[i], ts) for i, c in self._regular})
 
 
 def _update_row(table: Table, s: ast.Update, ts: int) -> Row:

@@ -50,7 +50,13 @@ class Executor:
     def execute_pages(self, text: str, page_size: int | None, params: list[list] | None = None,
                       prepared_id: str = "") -> Iterator[Result]:
         """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set."""
-        statements = _bound(self._statement(text, params, prepared_id), params)
+        statement = self._statement(text, params, prepared_id)
+        if isinstance(statement, ast.Insert) and params:
+            self._metrics.statements.labels("Insert").inc()
+            with self._metrics.statement_seconds.labels("Insert").time():
+                yield self._writes.run_insert_values(statement, params)
+            return
+        statements = _bound(statement, params)
         first = statements[0]
         kind = type(first).__name__
         self._metrics.statements.labels(kind).inc()
