@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from common.injection import InjectedFailure, Injections
-from common.internode import InternodeTransport
+from common.internode import InternodeTransport, replica_write_timeout
 from common.metrics import NodeMetrics
 from common.peers import Peers
 from common.replica_messages import RowBatch
@@ -17,6 +17,7 @@ from replica.local import LocalData, SchemaAccess
 from replica.outbox import OUTBOX_BATCH
 from replica.outbox_payload import encode_payload
 from replica.rows import storage_spec, upsert_row
+from storage.cells import Row
 from storage.store import NodeStore
 from vbc.cluster import free_port
 
@@ -133,3 +134,9 @@ def test_storage_is_dropped_only_for_tables_the_schema_says_were_dropped(tmp_pat
         assert store.table_ids() == {table_id}
     finally:
         store.close()
+
+
+def test_a_replica_write_deadline_grows_with_the_rows_of_the_batch():
+    rows = tuple(Row(token=i, key=(i,), marker_ts=1) for i in range(5000))
+    assert replica_write_timeout(RowBatch(table_id="t", shard=0, rows=rows[:1], timestamp=1, schema_version=1)) < 11
+    assert replica_write_timeout(RowBatch(table_id="t", shard=0, rows=rows, timestamp=1, schema_version=1)) == 35.0
