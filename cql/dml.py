@@ -81,11 +81,7 @@ def _timestamp(statement_ts: int | None, default_ts: int) -> int:
 
 
 def _insert_row(table: Table, s: ast.Insert, ts: int) -> Row:
-    return _insert_values_row(table, s.columns, s.values, ts)
-
-
-def _insert_values_row(table: Table, columns: tuple[str, ...], literals, ts: int) -> Row:
-    return InsertRows(table, columns).row(literals, ts)
+    return InsertRows(table, s.columns).row(s.values, ts)
 
 
 class InsertRows:
@@ -97,7 +93,7 @@ class InsertRows:
         self._types = tuple(require_column(table, c).type for c in columns)
         position = {c: i for i, c in enumerate(columns)}
         self._key_at = tuple(position.get(k) for k in table.primary_key)
-        self._partition_at = self._key_at[:len(table.partition_key)]
+        self._partition_columns = len(table.partition_key)
         self._partition_types = table.partition_key_types
         keys = set(table.primary_key)
         self._regular = tuple((i, c) for i, c in enumerate(columns) if c not in keys)
@@ -106,10 +102,8 @@ class InsertRows:
         values = [coltypes.coerce(t, v, c) for t, v, c in zip(self._types, literals, self._columns, strict=True)]
         key = tuple(None if i is None else values[i] for i in self._key_at)
         if any(k is None for k in key):
-            missing = [c for c, k in zip(self._table.primary_key, key) if k is None]
-            raise InvalidArgument(f"INSERT on {self._table.qualified_name} needs the full primary key "
-                                  f"({', '.join(self._table.primary_key)}); missing: {', '.join(missing)}")
-        token = token_of(key[:len(self._partition_at)], self._partition_types)
+            _full_key(self._table, dict(zip(self._table.primary_key, key)), "INSERT")  # raises, naming the missing
+        token = token_of(key[:self._partition_columns], self._partition_types)
         return Row(token=token, key=key, marker_ts=ts, cells={c: Cell(values[i], ts) for i, c in self._regular})
 
 

@@ -51,25 +51,22 @@ class Executor:
                       prepared_id: str = "") -> Iterator[Result]:
         """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set."""
         statement = self._statement(text, params, prepared_id)
-        if isinstance(statement, ast.Insert) and params:
-            self._metrics.statements.labels("Insert").inc()
-            with self._metrics.statement_seconds.labels("Insert").time():
-                yield self._writes.run_insert_values(statement, params)
-            return
-        statements = _bound(statement, params)
-        first = statements[0]
-        kind = type(first).__name__
+        kind = type(statement).__name__
         self._metrics.statements.labels(kind).inc()
         with self._metrics.statement_seconds.labels(kind).time():
-            if isinstance(first, WRITES):
+            if isinstance(statement, ast.Insert) and params:
+                yield self._writes.run_insert_values(statement, params)
+                return
+            statements = _bound(statement, params)
+            if isinstance(statement, WRITES):
                 yield self._writes.run(statements)
                 return
             if len(statements) > 1:
                 raise InvalidArgument(f"{kind} takes at most one set of bind values, got {len(statements)}")
-            if isinstance(first, ast.Select):
-                yield from self._selects.run(first, page_size)
+            if isinstance(statement, ast.Select):
+                yield from self._selects.run(statements[0], page_size)
                 return
-            yield self._schema.run(first)
+            yield self._schema.run(statements[0])
 
     def _statement(self, text: str, params: list[list] | None, prepared_id: str) -> ast.Statement:
         """The parsed statement, after the size limits (checked before any parsing)."""

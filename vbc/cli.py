@@ -565,7 +565,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     from vbc import load
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]} rows/s"), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), disable=args.quiet) as bar:
+    with Progress(*columns, console=Console(stderr=True), disable=args.quiet, transient=True) as bar:
         task = bar.add_task(f"checking {args.file.name}", total=None, rate="-")
         sending_since = [time.monotonic()]
 
