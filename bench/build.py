@@ -9,7 +9,8 @@ Run: `.venv/bin/python bench/build.py [--rows N] [--skip-3-nodes] [--skip-coordi
   (c, key, v)` and the time until the status says BUILT. Baseline: SQLite's own `INSERT INTO view SELECT ... ON
   CONFLICT DO UPDATE ... WHERE newer` over the same rows in the same layout (bench/bulk.py), once per replica
   (3 nodes RF 3 hold three copies: three times the work, on the same 2 cores);
-- coordination: a view over an empty table of 256 tablets, RF 3 on 3 nodes (768 tasks): seconds per task;
+- coordination: a view over an empty table of 256 tablets, RF 3 on 3 nodes of `--shards` shards (768 tasks):
+  seconds per task;
 - peak memory (VmHWM) of a node process and of its Spark driver JVM after the 1M-row build.
 Every node's Spark session is warmed up by a view over 10 rows first (a cold session takes 5-25 s on 2 cores; it
 starts once per node, at the node's first batch with rows).
