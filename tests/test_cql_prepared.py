@@ -8,7 +8,8 @@ from common.metrics import NodeMetrics
 from coordinator.core.errors import InvalidArgument, NotFound
 from cql.executor import Executor
 from cql.limits import Limits
-from cql.prepared import BindColumn, PreparedCache, Unprepared, statement_id
+from cql.prepared import UNPREPARED, BindColumn, PreparedCache, Unprepared, statement_id
+from vbc import client
 
 from .fakes import FakeGroup0
 from .test_executor_routing import NOW, RecordingReader, RecordingWriter, register_node
@@ -74,6 +75,7 @@ def test_an_unknown_id_is_unprepared(cluster):
     executor, _, _ = cluster
     with pytest.raises(Unprepared, match="^unprepared statement abc: this node does not hold it"):
         executor.execute("", params=[[1, 2, "a", 1.0]], prepared_id="abc")
+    assert client.UNPREPARED == UNPREPARED, "the client library recognises the node's answer"
 
 
 def test_dropping_the_table_invalidates_and_preparing_again_reports_it_missing(cluster):

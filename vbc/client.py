@@ -225,10 +225,12 @@ def forget_prepared(addr: str, statement: str) -> None:
         _prepared.pop((addr, statement), None)
 
 
+UNPREPARED = "unprepared statement"  # cql.prepared.UNPREPARED (not imported: importing cql builds its parser)
+
+
 def is_unprepared(error: grpc.RpcError) -> bool:
     """The node does not hold the prepared statement (any more): prepare it again."""
-    return (error.code() == grpc.StatusCode.FAILED_PRECONDITION
-            and (error.details() or "").startswith("unprepared statement"))
+    return error.code() == grpc.StatusCode.FAILED_PRECONDITION and (error.details() or "").startswith(UNPREPARED)
 
 
 def execute_prepared(addr: str, statement: str, values: pb.ExecuteRequest,

@@ -145,13 +145,6 @@ def replica_queues(state: Group0State, base_id: str | None) -> dict[Replica, tup
     return {replica: tuple(sorted(tasks, key=lambda t: (t.tablet_id, t.id))) for replica, tasks in by_replica.items()}
 
 
-def batches_of_base(state: Group0State, base_id: str, finished: Set[str]) -> dict[Replica, tuple[str, ...]]:
-    """For every replica with sendable tasks of `base_id`, the ids of its next batch, by replica (sorted)."""
-    queues = replica_queues(state, base_id)
-    batches = {replica: next_batch(queues[replica], finished) for replica in sorted(queues)}
-    return {replica: ids for replica, ids in batches.items() if ids}
-
-
 def next_batch(queue: Iterable[Task], finished: Set[str] = frozenset()) -> tuple[str, ...]:
     """From one replica's queue (`replica_queues` order): the tasks not in `finished` of the lowest tablet id,
     one per view (the smallest id of each), as sorted ids; () when every task is finished."""
