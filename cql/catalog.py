@@ -33,6 +33,10 @@ class Catalog:
     def read(self, fn: Callable[[Group0State], T]) -> T:
         return self._group0.read(fn)
 
+    def catch_up(self) -> None:
+        """Apply every schema change group0 committed before now (a Raft read barrier)."""
+        self._group0.barrier()
+
     def resolve(self, name: ast.QualifiedName) -> Table:
         """The table or view named; on a miss, wait for this node to catch up with Raft and look again."""
         keyspace = keyspace_of(name)

@@ -9,7 +9,7 @@ from common.metrics import NodeMetrics
 from coordinator.core.errors import InvalidArgument
 from coordinator.core.schema import Table
 from replica.read_path import ReadCoordinator
-from replica.write_path import WriteCoordinator
+from replica.write_path import TableDropped, WriteCoordinator
 
 from . import BindError, ast, bind, parse
 from .catalog import Catalog, Group0Client, keyspace_of
@@ -54,19 +54,32 @@ class Executor:
         kind = type(statement).__name__
         self._metrics.statements.labels(kind).inc()
         with self._metrics.statement_seconds.labels(kind).time():
-            if isinstance(statement, ast.Insert) and params:
-                yield self._writes.run_insert_values(statement, params)
+            if isinstance(statement, WRITES):
+                yield self._write(statement, params, prepared_id)
                 return
             statements = _bound(statement, params)
-            if isinstance(statement, WRITES):
-                yield self._writes.run(statements)
-                return
             if len(statements) > 1:
                 raise InvalidArgument(f"{kind} takes at most one set of bind values, got {len(statements)}")
             if isinstance(statement, ast.Select):
                 yield from self._selects.run(statements[0], page_size)
                 return
             yield self._schema.run(statements[0])
+
+    def _write(self, statement: ast.Statement, params: list[list] | None, prepared_id: str) -> Result:
+        """Run a write; if a replica had already applied a drop of its table that this node had not, catch up
+        and run it once more against the table now under the name (a prepared one is then prepared again)."""
+        try:
+            return self._write_once(statement, params)
+        except TableDropped:
+            self._catalog.catch_up()
+            if prepared_id:
+                self._valid_prepared(prepared_id)
+            return self._write_once(statement, params)
+
+    def _write_once(self, statement: ast.Statement, params: list[list] | None) -> Result:
+        if isinstance(statement, ast.Insert) and params:
+            return self._writes.run_insert_values(statement, params)
+        return self._writes.run(_bound(statement, params))
 
     def _statement(self, text: str, params: list[list] | None, prepared_id: str) -> ast.Statement:
         """The parsed statement, after the size limits (checked before any parsing)."""

@@ -15,6 +15,10 @@ from storage.cells import Row
 from replica.transport import ReplicaTransport, describe
 
 
+class TableDropped(NotFound):
+    """A replica found a table of the write dropped (this node may not have applied the drop yet)."""
+
+
 class LocalBaseReplica(Protocol):
     def apply_base_write(self, batch: RowBatch) -> int:
         """Apply a base write to this node's replica; the number of rows that changed."""
@@ -35,6 +39,8 @@ class WriteCoordinator:
         """Apply every (table, row) on all replicas of the row's tablet, remote ones in parallel with the local one.
 
         Raises Unavailable naming each replica that failed; the write may then be applied on some replicas.
+        Raises NotFound when a replica found the table dropped: replicas first catch up with the schema
+        version the write was routed with, so a replica that does not know the table saw it dropped.
         """
         batches = self._read_state(lambda s: route(s, mutations, timestamp))
         self._injections.hit("write.coordinator.before_send")
@@ -46,20 +52,26 @@ class WriteCoordinator:
             try:
                 write.result()
             except CoreError as error:
-                failures.append(f"{node}: {describe(error)}")
+                failures.append((node, error))
         if failures:
-            tables = ", ".join(sorted({t.qualified_name for t, _ in mutations}))
-            raise Unavailable(
-                f"write to {tables} did not reach every replica ({'; '.join(failures)}); "
-                "it may be applied on some replicas, and retrying it is safe"
-            )
+            raise write_failure(mutations, failures)
 
-    def _apply_locally(self, batch: RowBatch) -> list[str]:
+    def _apply_locally(self, batch: RowBatch) -> list[tuple[str, CoreError]]:
         try:
             self._local.apply_base_write(batch)
             return []
         except CoreError as error:
-            return [f"{self.node_id}: {describe(error)}"]
+            return [(self.node_id, error)]
+
+
+def write_failure(mutations: list[tuple[Table, Row]], failures: list[tuple[str, CoreError]]) -> CoreError:
+    """The error of a write some replicas refused: NotFound if the table was dropped meanwhile, else Unavailable."""
+    tables = ", ".join(sorted({t.qualified_name for t, _ in mutations}))
+    reasons = "; ".join(f"{node}: {describe(error)}" for node, error in failures)
+    if any(isinstance(error, NotFound) for _, error in failures):
+        return TableDropped(f"{tables} was dropped while this write was running ({reasons})")
+    return Unavailable(f"write to {tables} did not reach every replica ({reasons}); "
+                       "it may be applied on some replicas, and retrying it is safe")
 
 
 def route(state, mutations: list[tuple[Table, Row]], timestamp: int) -> list[tuple[str, RowBatch]]:

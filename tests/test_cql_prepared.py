@@ -7,6 +7,7 @@ from common.injection import Injections
 from common.metrics import NodeMetrics
 from coordinator.core.errors import InvalidArgument, NotFound
 from cql.executor import Executor
+from replica.write_path import TableDropped
 from cql.limits import Limits
 from cql.prepared import UNPREPARED, BindColumn, PreparedCache, Unprepared, statement_id
 from vbc import client
@@ -160,3 +161,48 @@ def test_too_many_value_sets_or_batch_statements_are_refused(cluster):
 def test_limits_must_be_positive():
     with pytest.raises(ValueError, match="max_value_bytes must be at least 1"):
         Limits(max_value_bytes=0)
+
+
+class WriterBehindADrop(RecordingWriter):
+    """A write path whose first write meets a replica that already applied a re-creation of the table."""
+
+    def __init__(self, recreate):
+        super().__init__()
+        self._recreate = recreate
+
+    def write(self, mutations, default_ts):
+        if self._recreate is not None:
+            recreate, self._recreate = self._recreate, None
+            recreate()
+            raise TableDropped("ks.t was dropped while this write was running (n2: NOT_FOUND: ...)")
+        super().write(mutations, default_ts)
+
+
+def lagging_executor(group0: FakeGroup0) -> tuple[Executor, WriterBehindADrop]:
+    elsewhere, _ = executor_on(group0)
+
+    def recreate():
+        elsewhere.execute("DROP TABLE ks.t")
+        elsewhere.execute("CREATE TABLE ks.t (p int, c bigint, v text, d double, PRIMARY KEY (p, c))")
+
+    writer = WriterBehindADrop(recreate)
+    return Executor(group0, writer, RecordingReader(), now=lambda: NOW, injections=Injections(),
+                    metrics=NodeMetrics()), writer
+
+
+def test_a_text_write_that_meets_a_drop_it_had_not_seen_runs_again_on_the_table_now_under_the_name(cluster):
+    _, group0, _ = cluster
+    executor, writer = lagging_executor(group0)
+    old_id = group0.read(lambda s: s.find_table("ks", "t")).id
+    executor.execute("INSERT INTO ks.t (p, c, v) VALUES (1, 2, 'x')")
+    [(mutations, _)] = writer.writes
+    assert {table.id for table, _ in mutations} == {group0.read(lambda s: s.find_table("ks", "t")).id} != {old_id}
+
+
+def test_a_prepared_write_that_meets_a_drop_it_had_not_seen_is_unprepared_so_the_client_prepares_again(cluster):
+    _, group0, _ = cluster
+    executor, writer = lagging_executor(group0)
+    prepared = executor.prepare(INSERT)
+    with pytest.raises(Unprepared, match="^unprepared statement"):
+        executor.execute("", params=[[1, 2, "a", 0.5]], prepared_id=prepared.id)
+    assert writer.writes == []

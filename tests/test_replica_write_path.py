@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from common.replica_messages import RowBatch
-from coordinator.core.errors import Unavailable
+from coordinator.core.errors import NotFound, Unavailable
 from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN
 from replica.rows import delete_row, upsert_row
-from replica.write_path import route
+from replica.write_path import route, write_failure
 from tests.replica_fakes import InProcessCluster, cluster_state
 
 TS = 1_000
@@ -90,6 +90,16 @@ def test_a_failing_local_replica_is_reported_like_a_remote_one(cluster):
     cluster.nodes["n1"].injections.enable("write.replica.before_apply", mode="fail")
     with pytest.raises(Unavailable, match=r"n1: UNAVAILABLE: injected failure"):
         cluster.nodes["n1"].writer.write(base_rows(cluster.schema, 40), TS)
+
+
+def test_a_replica_that_found_the_table_dropped_makes_the_write_not_found_rather_than_unavailable():
+    schema = cluster_state()
+    mutations = base_rows(schema, 2)
+    dropped = write_failure(mutations, [("n2", Unavailable("n2 is down")), ("n3", NotFound("no table t on n3"))])
+    assert isinstance(dropped, NotFound)
+    assert "was dropped while this write was running" in dropped.message and "n2: UNAVAILABLE" in dropped.message
+    missed = write_failure(mutations, [("n2", Unavailable("n2 is down"))])
+    assert isinstance(missed, Unavailable) and "retrying it is safe" in missed.message
 
 
 def test_a_replica_refuses_rows_of_tablets_it_does_not_hold(cluster):
