@@ -65,7 +65,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .cells import ColumnSpec, TableSpec
-from .store import PG_WRITER_LOCK_ID, NodeStore, physical_table_name, ts_column_name, value_column_name
+from .store import PG_WRITER_LOCK_ID, NodeStore
+from .upsert import greater_sql, key_column_names, physical_table_name, quote, ts_column_name, value_column_name
 
 TS = "ts"  # merge_view_rows input: the timestamp of the view upsert (the base row's view_ts)
 ROW_COLUMNS = ("marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone")
@@ -123,14 +124,6 @@ def _stored_columns(spec: TableSpec) -> list[tuple[str, str]]:
     for c in spec.regular:
         columns += [(value_column_name(c.name), _STORED_KIND[c.type]), (ts_column_name(c.name), "int")]
     return columns + [(name, "int") for name in ROW_COLUMNS[:4]] + [("tombstone", "boolean")]
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _key_names(spec: TableSpec) -> list[str]:
-    return ["token"] + [value_column_name(c.name) for c in spec.key_columns]
 
 
 # --- connections -----------------------------------------------------------------------------------------
@@ -369,25 +362,25 @@ def _sqlite_read_sql(spec: TableSpec, include_tombstones: bool) -> str:
     """
     projection, witness = [], []
     for name, kind in _stored_columns(spec):
-        quoted = _quote(name)
+        quoted = quote(name)
         if kind == "double":
-            flag = _quote(_NAN_FLAG.format(name))
+            flag = quote(_NAN_FLAG.format(name))
             projection += [f"CASE WHEN typeof({quoted}) = 'text' THEN NULL ELSE {quoted} END AS {quoted}",
                            f"typeof({quoted}) = 'text' AS {flag}"]
             witness += [f"0.0 AS {quoted}", f"0 AS {flag}"]
         else:
             projection.append(quoted)
             witness.append(f"{'NULL' if name == 'write_ts' else _SQLITE_WITNESS[kind]} AS {quoted}")
-    table = _quote(physical_table_name(spec.table_id))
-    order = ", ".join(f"{table}.{_quote(name)}" for name in _key_names(spec))  # the stored values, not the aliases
+    table = quote(physical_table_name(spec.table_id))
+    order = ", ".join(f"{table}.{quote(name)}" for name in key_column_names(spec))  # the stored values, not the aliases
     return (f"SELECT {', '.join(witness)} UNION ALL SELECT * FROM (SELECT {', '.join(projection)} FROM {table} "
             f"WHERE {_range_filter(_Backend(True, ''), include_tombstones)} ORDER BY {order})")
 
 
 def _postgres_read_sql(spec: TableSpec, include_tombstones: bool) -> str:
-    columns = ", ".join(_quote(name) for name, _ in _stored_columns(spec))
-    table = _quote(physical_table_name(spec.table_id))
-    order = ", ".join(_quote(name) for name in _key_names(spec))
+    columns = ", ".join(quote(name) for name, _ in _stored_columns(spec))
+    table = quote(physical_table_name(spec.table_id))
+    order = ", ".join(quote(name) for name in key_column_names(spec))
     return (f"SELECT {columns} FROM {table} WHERE {_range_filter(_Backend(False, ''), include_tombstones)} "
             f"ORDER BY {order}")
 
@@ -485,28 +478,16 @@ def prepare_view_rows(spec: TableSpec, rows: pa.Table) -> pa.Table:
     fields += [(TS, pa.int64(), False)]
     arrays = [_checked_column(rows, name, arrow, nullable) for name, arrow, nullable in fields]
     table = pa.Table.from_arrays(arrays, names=[name for name, _, _ in fields])
-    return table.sort_by([(name, "ascending") for name in _key_names(spec)])
+    return table.sort_by([(name, "ascending") for name in key_column_names(spec)])
 
 
 # The statement: INSERT the row as the upsert makes it; ON CONFLICT merge it cell by cell, WHERE anything wins.
 
 
-def _greater(column: ColumnSpec, incoming: str, stored: str, backend: _Backend) -> str:
-    """SQL for `incoming > stored` in the canonical value order of storage.cells (both non-NULL, same type)."""
-    if backend.sqlite:
-        return f"{incoming} > {stored}"  # BINARY text = UTF-8 bytes; the text 'NaN' sorts above every REAL
-    if column.type == "text":
-        return f'{incoming} COLLATE "C" > {stored} COLLATE "C"'
-    if column.type == "double":  # PostgreSQL orders NaN above all and -0 = 0; totalOrder puts -0.0 below 0.0
-        return (f"({incoming} > {stored} OR ({incoming} = 0 AND {stored} = 0 "
-                f"AND CAST({incoming} AS text) = '0' AND CAST({stored} AS text) = '-0'))")
-    return f"{incoming} > {stored}"
-
-
 def _cell_wins(column: ColumnSpec, backend: _Backend) -> str:
     """Whether the incoming cell beats the stored one (no stored cell, newer, or the tie rule of storage.cells)."""
-    value, ts = _quote(value_column_name(column.name)), _quote(ts_column_name(column.name))
-    greater = _greater(column, f"excluded.{value}", f"cur.{value}", backend)
+    value, ts = quote(value_column_name(column.name)), quote(ts_column_name(column.name))
+    greater = greater_sql(column, f"excluded.{value}", f"cur.{value}", backend.sqlite)
     return (f"(cur.{ts} IS NULL OR excluded.{ts} > cur.{ts} OR (excluded.{ts} = cur.{ts} "
             f"AND cur.{value} IS NOT NULL AND (excluded.{value} IS NULL OR {greater})))")
 
@@ -520,7 +501,7 @@ def _update_assignments(spec: TableSpec, backend: _Backend) -> list[str]:
     for column in spec.regular:
         wins = _cell_wins(column, backend)
         for name in (value_column_name(column.name), ts_column_name(column.name)):
-            quoted = _quote(name)
+            quoted = quote(name)
             assignments.append(f"{quoted} = CASE WHEN {wins} THEN excluded.{quoted} ELSE cur.{quoted} END")
     marker = f"CASE WHEN {_newer_or_missing('marker_ts')} THEN excluded.marker_ts ELSE cur.marker_ts END"
     return assignments + [
@@ -534,22 +515,22 @@ def _update_assignments(spec: TableSpec, backend: _Backend) -> list[str]:
 
 def _on_conflict(spec: TableSpec, backend: _Backend) -> str:
     changed = " OR ".join([_newer_or_missing("marker_ts")] + [_cell_wins(c, backend) for c in spec.regular])
-    return (f"ON CONFLICT ({', '.join(_quote(n) for n in _key_names(spec))}) DO UPDATE SET "
+    return (f"ON CONFLICT ({', '.join(quote(n) for n in key_column_names(spec))}) DO UPDATE SET "
             f"{', '.join(_update_assignments(spec, backend))} WHERE {changed}")
 
 
 def _insert_head(spec: TableSpec) -> str:
-    names = _key_names(spec)
+    names = key_column_names(spec)
     for column in spec.regular:
         names += [value_column_name(column.name), ts_column_name(column.name)]
     names += list(ROW_COLUMNS)
-    return f"INSERT INTO {_quote(physical_table_name(spec.table_id))} AS cur ({', '.join(_quote(n) for n in names)})"
+    return f"INSERT INTO {quote(physical_table_name(spec.table_id))} AS cur ({', '.join(quote(n) for n in names)})"
 
 
 def _inserted_values(spec: TableSpec, value) -> list[str]:
     """The inserted row's SQL values, `value(input column name)` giving an input value (upsert_row's layout)."""
     ts = value(TS)
-    values = [value(name) for name in _key_names(spec)]
+    values = [value(name) for name in key_column_names(spec)]
     for column in spec.regular:
         values += [value(value_column_name(column.name)), ts]
     return values + [ts, "NULL", ts, ts, "false"]  # marker_ts, tomb_ts, view_ts, write_ts, tombstone
@@ -621,7 +602,7 @@ _ROUND = "merge_round"
 
 def postgres_merge_sql(spec: TableSpec, merge_round: int | None = None) -> str:
     """INSERT ... SELECT from the staging table (only `merge_round` if given) ... ON CONFLICT merge."""
-    values = ", ".join(_inserted_values(spec, _quote))
+    values = ", ".join(_inserted_values(spec, quote))
     where = "" if merge_round is None else f" WHERE {_ROUND} = {int(merge_round)}"
     return f"{_insert_head(spec)} SELECT {values} FROM {_STAGE}{where} {_on_conflict(spec, _Backend(False, ''))}"
 
@@ -640,7 +621,7 @@ def key_occurrences(chunk: pa.RecordBatch, spec: TableSpec) -> pa.Array | None:
     if chunk.num_rows < 2:
         return None
     same = None
-    for name in _key_names(spec):
+    for name in key_column_names(spec):
         equal = _same_as_previous(chunk.column(name))
         same = equal if same is None else pc.and_(same, equal)
     if not pc.any(same).as_py():

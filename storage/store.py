@@ -31,6 +31,7 @@ from .cells import (
     with_view_ts,
     write_ts,
 )
+from .upsert import physical_table_name, ts_column_name, upsert_sql, value_column_name
 
 Derive = Callable[[Row | None, Row], Sequence[tuple[str, bytes]]]
 
@@ -93,18 +94,6 @@ def _sql_type(column_type: str, is_key: bool) -> sa.types.TypeEngine:
     return sa.BigInteger()
 
 
-def value_column_name(name: str) -> str:
-    return f"c_{name}"
-
-
-def ts_column_name(name: str) -> str:
-    return f"ts_{name}"
-
-
-def physical_table_name(table_id: str) -> str:
-    return f"t_{table_id}"
-
-
 def _check_identifier(name: str) -> None:
     if len(name.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
         raise ValueError(f"column name too long for the database: {name!r}")
@@ -141,6 +130,15 @@ def coerce_value(column: ColumnSpec, value: object) -> object:
     if not _ACCEPTS[column.type](value):
         raise TypeError(f"column {column.name!r} ({column.type}) cannot hold {value!r}")
     return float(value) if column.type == "double" else value
+
+
+_SQLITE_NAN = "NaN"  # how the store keeps a NaN double on SQLite (see Float64)
+
+
+def _bindable(value: object, nan: str | None) -> object:
+    if nan is not None and isinstance(value, float) and value != value:
+        return nan
+    return value
 
 
 def _lookup_key(token: int, key: tuple) -> tuple:
@@ -180,6 +178,7 @@ class PhysicalTable:
         self.table = self._build_table(spec)
         self.key_columns = [self.table.c.token] + [self.table.c[value_column_name(c.name)] for c in spec.key_columns]
         self._update = self._build_update()
+        self._upsert_sql: dict[bool, str] = {}
 
     @staticmethod
     def _build_table(spec: TableSpec) -> sa.Table:
@@ -252,6 +251,24 @@ class PhysicalTable:
             tombstone=not is_live(row),
         )
         return params
+
+    def upsert_sql(self, sqlite: bool) -> str:
+        sql = self._upsert_sql.get(sqlite)
+        if sql is None:
+            sql = self._upsert_sql[sqlite] = upsert_sql(self.spec, sqlite)
+        return sql
+
+    def upsert_params(self, row: Row, sqlite: bool) -> tuple:
+        """The values `upsert_sql` binds for a (normalised, non-empty) mutation, in table column order."""
+        nan = _SQLITE_NAN if sqlite else None
+        params = [row.token, *(_bindable(v, nan) for v in row.key)]
+        cells = row.cells
+        for name in self.regular_names:
+            cell = cells.get(name)
+            params += (None, None) if cell is None else (_bindable(cell.value, nan), cell.ts)
+        stamp = write_ts(row)
+        params += (row.marker_ts, row.tomb_ts, stamp, stamp, not is_live(row))
+        return tuple(params)
 
     def update_params(self, row: Row) -> dict[str, object]:
         params = self.to_params(row)
@@ -478,12 +495,15 @@ class NodeStore:
 
         `derive(previous_or_None, merged)` is called for every mutation that changes the stored state; it
         runs inside the write transaction (it must not write to this store) and an exception rolls back
-        the whole batch.
+        the whole batch. Without `derive` (a table without views) the batch is merged set-based by one SQL
+        upsert (storage.upsert); with it, the stored rows are fetched in one query and merged here.
         """
         physical = self._physical(table_id)
         batch = [physical.normalise(mutation) for mutation in mutations]
         if not batch:
             return ApplyResult(0, ())
+        if derive is None:
+            return ApplyResult(self._upsert(physical, batch), ())
         with self._write_transaction() as conn:
             unique_keys = list({_lookup_key(m.token, m.key): (m.token, m.key) for m in batch}.values())
             stored = physical.fetch(conn, unique_keys)
@@ -508,6 +528,15 @@ class NodeStore:
             )
             outbox_ids = self._insert_outbox(conn, outbox_rows)
         return ApplyResult(changed, outbox_ids)
+
+    def _upsert(self, physical: PhysicalTable, batch: Sequence[Row]) -> int:
+        """Merge the batch set-based (storage.upsert), in one transaction; the number of mutations that changed it."""
+        sqlite = not self._is_postgres
+        params = [physical.upsert_params(row, sqlite) for row in batch if not is_empty(row)]
+        if not params:
+            return 0
+        with self._write_transaction() as conn:
+            return max(conn.exec_driver_sql(physical.upsert_sql(sqlite), params).rowcount, 0)
 
     @staticmethod
     def _merged(previous: Row | None, mutation: Row) -> Row | None:
