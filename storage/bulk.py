@@ -66,7 +66,7 @@ import pyarrow.compute as pc
 
 from .cells import ColumnSpec, TableSpec
 from .store import PG_WRITER_LOCK_ID, NodeStore
-from .upsert import greater_sql, key_column_names, physical_table_name, quote, ts_column_name, value_column_name
+from .upsert import ARROW_TYPES, greater_sql, key_column_names, physical_table_name, quote, ts_column_name, value_column_name
 
 TS = "ts"  # merge_view_rows input: the timestamp of the view upsert (the base row's view_ts)
 ROW_COLUMNS = ("marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone")
@@ -77,14 +77,7 @@ SQLITE_MERGE_CACHE_KIB = 65_536
 SQLITE_IDLE_CHILDREN = 2  # idle child processes kept for the ADBC SQLite work (see _ChildPool)
 _ROOT = Path(__file__).resolve().parent.parent  # the directory holding the `storage` package
 
-_ARROW_TYPES = {
-    "int": pa.int32(),
-    "bigint": pa.int64(),
-    "timestamp": pa.int64(),
-    "double": pa.float64(),
-    "text": pa.string(),
-    "boolean": pa.bool_(),
-}
+_ARROW_TYPES = ARROW_TYPES
 _STORED_KIND = {"int": "int", "bigint": "int", "timestamp": "int", "double": "double", "text": "text",
                 "boolean": "boolean"}
 _NAN_FLAG = "{}__is_nan"  # SQLite reads: a double column's NaN flag (SQLite stores NaN as the text 'NaN')

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy import event
 
@@ -31,7 +32,7 @@ from .cells import (
     with_view_ts,
     write_ts,
 )
-from .upsert import physical_table_name, ts_column_name, upsert_sql, value_column_name
+from .upsert import SQLITE_NAN, arrow_params, conformed, physical_table_name, ts_column_name, upsert_sql, value_column_name
 
 Derive = Callable[[Row | None, Row], Sequence[tuple[str, bytes]]]
 
@@ -130,9 +131,6 @@ def coerce_value(column: ColumnSpec, value: object) -> object:
     if not _ACCEPTS[column.type](value):
         raise TypeError(f"column {column.name!r} ({column.type}) cannot hold {value!r}")
     return float(value) if column.type == "double" else value
-
-
-_SQLITE_NAN = "NaN"  # how the store keeps a NaN double on SQLite (see Float64)
 
 
 def _bindable(value: object, nan: str | None) -> object:
@@ -260,7 +258,7 @@ class PhysicalTable:
 
     def upsert_params(self, row: Row, sqlite: bool) -> tuple:
         """The values `upsert_sql` binds for a (normalised, non-empty) mutation, in table column order."""
-        nan = _SQLITE_NAN if sqlite else None
+        nan = SQLITE_NAN if sqlite else None
         params = [row.token, *(_bindable(v, nan) for v in row.key)]
         cells = row.cells
         for name in self.regular_names:
@@ -529,10 +527,21 @@ class NodeStore:
             outbox_ids = self._insert_outbox(conn, outbox_rows)
         return ApplyResult(changed, outbox_ids)
 
+    def apply_columns(self, table_id: str, mutations: pa.Table) -> int:
+        """Merge mutations given as an Arrow table in the mutation layout (storage.upsert) set-based, in one
+        transaction; the number that changed the stored state. Only for a table without views (no `derive`)."""
+        physical = self._physical(table_id)
+        sqlite = not self._is_postgres
+        mutations = conformed(physical.spec, mutations)
+        return self._run_upsert(physical, arrow_params(physical.spec, mutations, sqlite), sqlite)
+
     def _upsert(self, physical: PhysicalTable, batch: Sequence[Row]) -> int:
         """Merge the batch set-based (storage.upsert), in one transaction; the number of mutations that changed it."""
         sqlite = not self._is_postgres
-        params = [physical.upsert_params(row, sqlite) for row in batch if not is_empty(row)]
+        return self._run_upsert(physical, [physical.upsert_params(row, sqlite) for row in batch if not is_empty(row)],
+                                sqlite)
+
+    def _run_upsert(self, physical: PhysicalTable, params: list[tuple], sqlite: bool) -> int:
         if not params:
             return 0
         with self._write_transaction() as conn:

@@ -17,12 +17,31 @@ mutation's highest timestamp) and `tombstone` (not live). On a conflict, as `sto
 
 Mutations of one key in one chunk apply in order (each is a statement of its own). An empty mutation (no
 marker, tombstone or cell) must be left out by the caller: as a new row it would store nothing.
+
+Mutations also travel as Arrow tables in the **mutation layout** (`mutation_schema`): `token`, `c_<k>` per key
+column, `c_<r>` and `ts_<r>` per regular column, `marker_ts`, `tomb_ts`, with the types of `MUTATION_TYPES`.
+`arrow_params` turns such a table into the bound values (empty mutations left out), `rows_of_mutations` into
+`storage.cells.Row`s.
 """
 from __future__ import annotations
 
-from .cells import ColumnSpec, TableSpec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .cells import Cell, ColumnSpec, Row, TableSpec
 
 ROW_STATE_COLUMNS = ("marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone")
+MUTATION_STATE_COLUMNS = ("marker_ts", "tomb_ts")
+ARROW_TYPES = {
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "timestamp": pa.int64(),
+    "double": pa.float64(),
+    "text": pa.string(),
+    "boolean": pa.bool_(),
+}
+MUTATION_TYPES = dict(ARROW_TYPES, int=pa.int64())  # every integer as stored: a BIGINT column
+SQLITE_NAN = "NaN"  # how the store keeps a NaN double on SQLite (SQLite would turn a NaN REAL into NULL)
 
 
 def value_column_name(name: str) -> str:
@@ -108,3 +127,94 @@ def upsert_sql(spec: TableSpec, sqlite: bool) -> str:
             f"({', '.join(quote(n) for n in columns)}) VALUES ({placeholders}) "
             f"ON CONFLICT ({', '.join(quote(n) for n in key_column_names(spec))}) DO UPDATE SET "
             f"{', '.join(_assignments(spec, sqlite))} WHERE {changed}")
+
+
+# --- the mutation layout in Arrow ------------------------------------------------------------------------
+
+
+def mutation_schema(spec: TableSpec) -> pa.Schema:
+    """The Arrow schema of mutations of `spec`'s table (see the module docstring)."""
+    fields = [pa.field("token", pa.int64(), nullable=False)]
+    fields += [pa.field(value_column_name(c.name), MUTATION_TYPES[c.type], nullable=False) for c in spec.key_columns]
+    for c in spec.regular:
+        fields += [pa.field(value_column_name(c.name), MUTATION_TYPES[c.type]),
+                   pa.field(ts_column_name(c.name), pa.int64())]
+    return pa.schema(fields + [pa.field(name, pa.int64()) for name in MUTATION_STATE_COLUMNS])
+
+
+def _stamp_columns(spec: TableSpec, mutations: pa.Table) -> list:
+    return [mutations.column(ts_column_name(c.name)) for c in spec.regular] + \
+        [mutations.column(name) for name in MUTATION_STATE_COLUMNS]
+
+
+def _write_ts(spec: TableSpec, mutations: pa.Table) -> pa.ChunkedArray:
+    """Each mutation's highest timestamp (NULL for an empty mutation)."""
+    stamps = _stamp_columns(spec, mutations)
+    return stamps[0] if len(stamps) == 1 else pc.max_element_wise(*stamps, skip_nulls=True)
+
+
+def _live(mutations: pa.Table) -> pa.ChunkedArray:
+    marker, tomb = mutations.column("marker_ts"), mutations.column("tomb_ts")
+    newer = pc.or_kleene(pc.is_null(tomb), pc.greater(marker, tomb))
+    return pc.fill_null(pc.and_kleene(pc.is_valid(marker), newer), False)
+
+
+def _bindable(column: pa.ChunkedArray, sqlite: bool) -> list:
+    values = column.to_pylist()
+    if sqlite and pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+        values = [SQLITE_NAN if v is not None and v != v else v for v in values]
+    return values
+
+
+def arrow_params(spec: TableSpec, mutations: pa.Table, sqlite: bool) -> list[tuple]:
+    """The values `upsert_sql` binds for each non-empty mutation of a mutation-layout table, in order."""
+    stamp = _write_ts(spec, mutations)
+    if stamp.null_count:
+        keep = pc.is_valid(stamp)
+        mutations, stamp = mutations.filter(keep), stamp.filter(keep)
+    tombstone = pc.invert(_live(mutations))
+    columns = [mutations.column(name) for name in key_column_names(spec)]
+    for c in spec.regular:
+        columns += [mutations.column(value_column_name(c.name)), mutations.column(ts_column_name(c.name))]
+    columns += [mutations.column(name) for name in MUTATION_STATE_COLUMNS] + [stamp, stamp, tombstone]
+    return list(zip(*(_bindable(column, sqlite) for column in columns)))
+
+
+def rows_of_mutations(spec: TableSpec, mutations: pa.Table) -> list[Row]:
+    """The mutations of a mutation-layout table as Rows (for the merge in Python of a table with views)."""
+    tokens = mutations.column("token").to_pylist()
+    keys = list(zip(*(mutations.column(value_column_name(c.name)).to_pylist() for c in spec.key_columns)))
+    regular = [(c.name, mutations.column(value_column_name(c.name)).to_pylist(),
+                mutations.column(ts_column_name(c.name)).to_pylist()) for c in spec.regular]
+    markers, tombs = mutations.column("marker_ts").to_pylist(), mutations.column("tomb_ts").to_pylist()
+    rows = []
+    for i, token in enumerate(tokens):
+        cells = {name: Cell(values[i], stamps[i]) for name, values, stamps in regular if stamps[i] is not None}
+        rows.append(Row(token, keys[i], markers[i], tombs[i], cells))
+    return rows
+
+
+def mutation_table(spec: TableSpec, rows: list[Row]) -> pa.Table:
+    """Rows as a mutation-layout table (the inverse of `rows_of_mutations`)."""
+    columns = {"token": [row.token for row in rows]}
+    for position, c in enumerate(spec.key_columns):
+        columns[value_column_name(c.name)] = [row.key[position] for row in rows]
+    for c in spec.regular:
+        cells = [row.cells.get(c.name) for row in rows]
+        columns[value_column_name(c.name)] = [None if cell is None else cell.value for cell in cells]
+        columns[ts_column_name(c.name)] = [None if cell is None else cell.ts for cell in cells]
+    columns["marker_ts"] = [row.marker_ts for row in rows]
+    columns["tomb_ts"] = [row.tomb_ts for row in rows]
+    return pa.Table.from_pydict(columns, schema=mutation_schema(spec))
+
+
+def conformed(spec: TableSpec, mutations: pa.Table) -> pa.Table:
+    """The mutations with exactly the columns and types of `mutation_schema(spec)` (ValueError naming a problem)."""
+    schema = mutation_schema(spec)
+    missing = [name for name in schema.names if name not in mutations.column_names]
+    if missing:
+        raise ValueError(f"mutations of table {spec.table_id} lack columns {missing}")
+    try:
+        return mutations.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as error:
+        raise ValueError(f"mutations of table {spec.table_id} do not fit its columns: {error}") from None

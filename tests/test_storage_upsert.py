@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.cells import Cell, ColumnSpec, Row, TableSpec
-from storage.upsert import upsert_sql
+from storage.upsert import mutation_table, rows_of_mutations, upsert_sql
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
@@ -68,18 +68,29 @@ def stored(store, spec: TableSpec) -> list[tuple]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=st.lists(mutations(), min_size=1, max_size=12), batch=st.integers(1, 5))
 def test_the_sql_upsert_leaves_what_the_python_merge_leaves(store, history, batch):
-    in_sql, in_python = fresh_table(store), fresh_table(store)
+    in_sql, in_arrow, in_python = fresh_table(store), fresh_table(store), fresh_table(store)
     try:
         for start in range(0, len(history), batch):
             chunk = history[start:start + batch]
             by_sql = store.apply(in_sql.table_id, chunk).changed
+            by_arrow = store.apply_columns(in_arrow.table_id, mutation_table(in_arrow, chunk))
             by_python = store.apply(in_python.table_id, chunk, python_merge).changed
-            assert by_sql == by_python, chunk
-        assert stored(store, in_sql) == stored(store, in_python)
+            assert by_sql == by_arrow == by_python, chunk
+        assert stored(store, in_sql) == stored(store, in_arrow) == stored(store, in_python)
         assert store.apply(in_sql.table_id, history).changed == 0, "the same mutations again change nothing"
     finally:
-        store.drop_table(in_sql.table_id)
-        store.drop_table(in_python.table_id)
+        for spec in (in_sql, in_arrow, in_python):
+            store.drop_table(spec.table_id)
+
+
+@given(history=st.lists(mutations(), max_size=12))
+def test_the_mutation_layout_round_trips_rows(history):
+    spec = TableSpec("0" * 32, (ColumnSpec("p", "text"),), (ColumnSpec("c", "bigint"),), REGULAR)
+    back = rows_of_mutations(spec, mutation_table(spec, history))
+    assert [(r.token, r.key, r.marker_ts, r.tomb_ts) for r in back] == \
+        [(r.token, r.key, r.marker_ts, r.tomb_ts) for r in history]
+    assert [{n: (repr(c.value), c.ts) for n, c in r.cells.items()} for r in back] == \
+        [{n: (repr(c.value), c.ts) for n, c in r.cells.items()} for r in history]
 
 
 def test_a_mutation_that_writes_no_column_leaves_the_other_cells_alone(store):
