@@ -2,13 +2,17 @@
 
 Names say what is converted: `value_*` one cell value ↔ `Value`; `values_*` a list of values ↔ `Row` (a
 client's bind values or result row); `row_*` a storage row ↔ `Mutation`; `batch_*`, `scan_request_*`,
-`scan_page_*` the replica messages of `common.replica_messages`.
+`scan_page_*` the replica messages of `common.replica_messages` (a batch's Arrow columns as one IPC stream).
 """
 from __future__ import annotations
 
+import pyarrow as pa
+
+from coordinator.core.errors import InvalidArgument
 from storage.cells import Cell, Row
 from vbcpb import vbc_pb2 as pb
 
+from common.arrow_stream import ipc_pieces, table_from_pieces
 from common.replica_messages import DEFAULT_PAGE_SIZE, RowBatch, ScanPage, ScannedRow, ScanRequest
 
 
@@ -64,14 +68,29 @@ def row_from_proto(message: pb.Mutation) -> Row:
 
 
 def batch_to_proto(batch: RowBatch) -> pb.MutationBatch:
-    return pb.MutationBatch(table_id=batch.table_id, shard=batch.shard, timestamp=batch.timestamp,
-                            schema_version=batch.schema_version, mutations=[row_to_proto(r) for r in batch.rows])
+    message = pb.MutationBatch(table_id=batch.table_id, shard=batch.shard, timestamp=batch.timestamp,
+                               schema_version=batch.schema_version, mutations=[row_to_proto(r) for r in batch.rows])
+    if batch.columns is not None:
+        message.arrow_mutations = _ipc_bytes(batch.columns)
+    return message
 
 
 def batch_from_proto(message: pb.MutationBatch) -> RowBatch:
+    columns = _ipc_table(message.arrow_mutations) if message.arrow_mutations else None
     return RowBatch(table_id=message.table_id, shard=message.shard,
                     rows=tuple(row_from_proto(m) for m in message.mutations),
-                    schema_version=message.schema_version, timestamp=message.timestamp)
+                    schema_version=message.schema_version, timestamp=message.timestamp, columns=columns)
+
+
+def _ipc_bytes(table: pa.Table) -> bytes:
+    return b"".join(ipc_pieces(table))
+
+
+def _ipc_table(data: bytes) -> pa.Table:
+    try:
+        return table_from_pieces([data])
+    except ValueError as error:
+        raise InvalidArgument(f"arrow_mutations: {error}") from None
 
 
 def batch_from_proto_bytes(payload: bytes) -> RowBatch:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from storage.cells import Row
 
 DEFAULT_PAGE_SIZE = 1000
@@ -18,6 +20,8 @@ class RowBatch:
 
     `schema_version` is the sender's schema version (the receiver catches up to it first); `timestamp` is the
     coordinator's write timestamp of a base write, observed by the receiving node's clock (0 for view updates).
+    A base write's rows may come as `columns` instead, an Arrow table in storage.upsert's mutation layout
+    (then `rows` is empty).
     """
 
     table_id: str
@@ -25,9 +29,15 @@ class RowBatch:
     rows: tuple[Row, ...]
     schema_version: int
     timestamp: int = 0
+    columns: pa.Table | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", tuple(self.rows))
+
+    @property
+    def size(self) -> int:
+        """The number of rows, however they are carried."""
+        return len(self.rows) if self.columns is None else self.columns.num_rows
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from coordinator.core import types as coltypes
 from coordinator.core.errors import InvalidArgument
 from coordinator.core.schema import Table
@@ -13,6 +15,7 @@ from storage.cells import Cell, Row
 
 from . import ast
 from .catalog import Catalog, coerce, require_column
+from .columnar import insert_mutations
 from .result import Result
 
 MAX_TIMESTAMP = 2**62  # leaves room for view_ts bumps within a signed 64-bit timestamp
@@ -57,6 +60,16 @@ class WriteStatements:
             literals = [values[i] if i is not None else literal for i, literal in zip(sources, statement.values)]
             mutations.append((table, rows.row(literals, ts)))
         return self._write(mutations, default_ts, single=len(params) == 1)
+
+    def run_insert_columns(self, statement: ast.Insert, columns: list[pa.ChunkedArray]) -> Result:
+        """One INSERT with bind markers, once per row of the Arrow value columns, as one columnar write
+        (NotColumnar when the values need the row path)."""
+        table = self._catalog.writable(statement.table)
+        default_ts = self._now()
+        mutations = insert_mutations(table, statement, columns, _timestamp(statement.timestamp, default_ts))
+        self._writer.write_columns(table, mutations, default_ts)
+        rows = mutations.num_rows
+        return Result(message="ok") if rows == 1 else Result(message=f"ok: {rows} statements applied")
 
     def _write(self, mutations: list, default_ts: int, single: bool) -> Result:
         if mutations:

@@ -13,6 +13,7 @@ from replica.write_path import TableDropped, WriteCoordinator
 
 from . import BindError, ast, bind, parse
 from .catalog import Catalog, Group0Client, keyspace_of
+from .columnar import ArrowValues, NotColumnar
 from .ddl import SchemaStatements
 from .dml import WRITES, WriteStatements
 from .limits import Limits
@@ -41,23 +42,27 @@ class Executor:
         self._prepared.add(prepared)
         return prepared
 
-    def execute(self, text: str, params: list[list] | None = None, prepared_id: str = "") -> Result:
+    def execute(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "") -> Result:
         pages = list(self.execute_pages(text, page_size=None, params=params, prepared_id=prepared_id))
         if len(pages) == 1:
             return pages[0]
         return Result(columns=pages[0].columns, rows=[r for p in pages for r in p.rows])
 
-    def execute_pages(self, text: str, page_size: int | None, params: list[list] | None = None,
+    def execute_pages(self, text: str, page_size: int | None, params: list[list] | ArrowValues | None = None,
                       prepared_id: str = "") -> Iterator[Result]:
-        """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set."""
-        statement = self._statement(text, params, prepared_id)
+        """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set.
+
+        Value sets given as Arrow columns (their sizes checked by the caller) feed a prepared INSERT as one
+        columnar write; everything else gets them as rows."""
+        arrow = params if isinstance(params, ArrowValues) else None
+        statement = self._statement(text, None if arrow else params, prepared_id)
         kind = type(statement).__name__
         self._metrics.statements.labels(kind).inc()
         with self._metrics.statement_seconds.labels(kind).time():
             if isinstance(statement, WRITES):
                 yield self._write(statement, params, prepared_id)
                 return
-            statements = _bound(statement, params)
+            statements = _bound(statement, arrow.rows() if arrow else params)
             if len(statements) > 1:
                 raise InvalidArgument(f"{kind} takes at most one set of bind values, got {len(statements)}")
             if isinstance(statement, ast.Select):
@@ -65,7 +70,7 @@ class Executor:
                 return
             yield self._schema.run(statements[0])
 
-    def _write(self, statement: ast.Statement, params: list[list] | None, prepared_id: str) -> Result:
+    def _write(self, statement: ast.Statement, params: list[list] | ArrowValues | None, prepared_id: str) -> Result:
         """Run a write; if a replica had already applied a drop of its table that this node had not, catch up
         and run it once more against the table now under the name (a prepared one is then prepared again)."""
         try:
@@ -76,7 +81,14 @@ class Executor:
                 self._valid_prepared(prepared_id)
             return self._write_once(statement, params)
 
-    def _write_once(self, statement: ast.Statement, params: list[list] | None) -> Result:
+    def _write_once(self, statement: ast.Statement, params: list[list] | ArrowValues | None) -> Result:
+        if isinstance(params, ArrowValues):
+            if isinstance(statement, ast.Insert):
+                try:
+                    return self._writes.run_insert_columns(statement, params.columns)
+                except NotColumnar:
+                    pass
+            params = params.rows()
         if isinstance(statement, ast.Insert) and params:
             return self._writes.run_insert_values(statement, params)
         return self._writes.run(_bound(statement, params))

@@ -1,10 +1,11 @@
 """The Client gRPC service: statements in, rows or messages out."""
 from __future__ import annotations
 
-from common.arrow_values import decode_table, longest_string_bytes, plain_columns, rows_of
+from common.arrow_values import decode_table, longest_string_bytes, plain_columns
 from common.codec import values_from_proto, values_to_proto
 from common.status import streaming, unary
 from coordinator.core.errors import InvalidArgument
+from cql.columnar import ArrowValues
 from cql.executor import Executor
 from cql.limits import Limits
 from cql.result import Result
@@ -47,7 +48,7 @@ def _response(result: Result) -> pb.ExecuteResponse:
     )
 
 
-def _params(request: pb.ExecuteRequest, limits: Limits) -> list[list] | None:
+def _params(request: pb.ExecuteRequest, limits: Limits) -> list[list] | ArrowValues | None:
     """The request's bind-value sets, from `params` or from `arrow_values` (sizes checked before converting)."""
     if not request.arrow_values:
         return [values_from_proto(row) for row in request.params] or None
@@ -60,4 +61,4 @@ def _params(request: pb.ExecuteRequest, limits: Limits) -> list[list] | None:
     columns = plain_columns(table)
     size, position = longest_string_bytes(columns)
     limits.check_value_bytes(size, f"a value of Arrow column {position}")
-    return rows_of(columns)
+    return ArrowValues(columns)

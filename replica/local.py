@@ -8,16 +8,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
+from common.arrow_tokens import tablets_of
 from common.injection import Injections
 from common.metrics import NodeMetrics
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
 from coordinator.core.errors import InvalidArgument, NotFound
 from coordinator.core.schema import Table
+from coordinator.core.tokens import tablet_range
 from storage import bulk
 from storage.cells import Row
-from storage.store import NodeStore
+from storage.store import ApplyResult, NodeStore
+from storage.upsert import rows_of_mutations
 
 from replica.inflight import InflightWrites
 from replica.rows import storage_spec
@@ -72,18 +76,35 @@ class LocalData:
             if context is None:
                 raise NotFound(f"table id {batch.table_id} does not exist on node {self.node_id} (dropped?)")
             self._injections.hit("write.replica.before_apply")
-            for token in {row.token for row in batch.rows}:
-                pair_index(context, self.node_id, token)  # refuse a write routed with a stale tablet map
+            self._check_replica_of(context, batch)  # refuse a write routed with a stale tablet map
             for table in (context.table, *context.views):
                 self.tables.ensure(table)
-            derive = self._queue_view_updates(context, queued) if context.views else None
-            result = self.tables.apply(context.table, list(batch.rows), derive)
+            if batch.columns is not None and not context.views:
+                result = ApplyResult(self.tables.apply_columns(context.table, batch.columns), ())
+            else:
+                derive = self._queue_view_updates(context, queued) if context.views else None
+                result = self.tables.apply(context.table, self._rows(context.table, batch), derive)
         self._injections.hit("write.replica.after_apply")
         self._metrics.rows_applied.labels("base").inc(result.changed)
         if result.outbox_ids:
             self.outbox.deliver([QueuedViewUpdate(id, target, update)
                                  for id, (target, update) in zip(result.outbox_ids, queued, strict=True)])
         return result.changed
+
+    def _check_replica_of(self, context: WriteContext, batch: RowBatch) -> None:
+        if batch.columns is None:
+            for token in {row.token for row in batch.rows}:
+                pair_index(context, self.node_id, token)
+            return
+        tablets = np.unique(tablets_of(batch.columns.column("token").to_numpy(), len(context.base_replicas)))
+        for tablet in tablets.tolist():
+            pair_index(context, self.node_id, tablet_range(tablet, len(context.base_replicas))[0])
+
+    @staticmethod
+    def _rows(table: Table, batch: RowBatch) -> list[Row]:
+        if batch.columns is None:
+            return list(batch.rows)
+        return rows_of_mutations(storage_spec(table), batch.columns)
 
     def _queue_view_updates(self, context: WriteContext, queued: list[tuple[str, RowBatch]]):
         """The store's `derive`: the outbox entries of one changed base row (also kept in `queued`, in order)."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 
+import pyarrow as pa
+
 from common.replica_messages import ScanPage, ScannedRow, ScanRequest
-from coordinator.core.errors import NotFound
+from coordinator.core.errors import InvalidArgument, NotFound
 from coordinator.core.schema import Table
 from storage.cells import Row
 from storage.store import ApplyResult, Derive, NodeStore
@@ -53,6 +55,17 @@ class LocalTables:
             if self.store.has_table(table.id):
                 raise
             raise NotFound(f"{table.qualified_name} was dropped while this write was running") from None
+
+    def apply_columns(self, table: Table, mutations: pa.Table) -> int:
+        """Merge mutation-layout columns into a table without views (see NodeStore.apply_columns)."""
+        try:
+            return self.store.apply_columns(table.id, mutations)
+        except KeyError:
+            if self.store.has_table(table.id):
+                raise
+            raise NotFound(f"{table.qualified_name} was dropped while this write was running") from None
+        except ValueError as error:
+            raise InvalidArgument(str(error)) from None
 
     def scan(self, table: Table, request: ScanRequest) -> Iterator[ScanPage]:
         """The live rows the request asks for, in pages of at most `request.page_size` rows."""

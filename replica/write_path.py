@@ -5,6 +5,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Protocol
 
+import numpy as np
+import pyarrow as pa
+
+from common.arrow_tokens import tablets_of
 from common.injection import Injections
 from common.replica_messages import RowBatch
 from coordinator.core.errors import CoreError, NotFound, Unavailable
@@ -43,6 +47,15 @@ class WriteCoordinator:
         version the write was routed with, so a replica that does not know the table saw it dropped.
         """
         batches = self._read_state(lambda s: route(s, mutations, timestamp))
+        self._send(batches, sorted({t.qualified_name for t, _ in mutations}))
+
+    def write_columns(self, table: Table, mutations: pa.Table, timestamp: int) -> None:
+        """Like `write`, for mutations of one table given as columns (storage.upsert's mutation layout): routed
+        with whole-column operations and sent as Arrow."""
+        batches = self._read_state(lambda s: route_columns(s, table, mutations, timestamp))
+        self._send(batches, [table.qualified_name])
+
+    def _send(self, batches: list[tuple[str, RowBatch]], tables: list[str]) -> None:
         self._injections.hit("write.coordinator.before_send")
         pending = [(node, self._transport.start_replica_write(node, batch))
                    for node, batch in batches if node != self.node_id]
@@ -54,7 +67,7 @@ class WriteCoordinator:
             except CoreError as error:
                 failures.append((node, error))
         if failures:
-            raise write_failure(mutations, failures)
+            raise write_failure(tables, failures)
 
     def _apply_locally(self, batch: RowBatch) -> list[tuple[str, CoreError]]:
         try:
@@ -64,9 +77,9 @@ class WriteCoordinator:
             return [(self.node_id, error)]
 
 
-def write_failure(mutations: list[tuple[Table, Row]], failures: list[tuple[str, CoreError]]) -> CoreError:
+def write_failure(table_names: list[str], failures: list[tuple[str, CoreError]]) -> CoreError:
     """The error of a write some replicas refused: NotFound if the table was dropped meanwhile, else Unavailable."""
-    tables = ", ".join(sorted({t.qualified_name for t, _ in mutations}))
+    tables = ", ".join(table_names)
     reasons = "; ".join(f"{node}: {describe(error)}" for node, error in failures)
     if any(isinstance(error, NotFound) for _, error in failures):
         return TableDropped(f"{tables} was dropped while this write was running ({reasons})")
@@ -87,4 +100,25 @@ def route(state, mutations: list[tuple[Table, Row]], timestamp: int) -> list[tup
         (node, RowBatch(table_id=table_id, shard=shard, rows=tuple(rows), timestamp=timestamp,
                         schema_version=state.schema_version))
         for (node, table_id, shard), rows in grouped.items()
+    ]
+
+
+def route_columns(state, table: Table, mutations: pa.Table, timestamp: int) -> list[tuple[str, RowBatch]]:
+    """`route` for mutation-layout columns of one table: rows grouped by tablet (a stable sort keeps the order of
+    one key's mutations), each replica shard's rows taken in one `take`."""
+    tablet_map = state.tablets.get(table.id)
+    if tablet_map is None:
+        raise NotFound(f"{table.qualified_name} was dropped while this write was being prepared")
+    tablets = tablets_of(mutations.column("token").to_numpy(), tablet_map.tablet_count)
+    order = np.argsort(tablets, kind="stable")
+    present, starts = np.unique(tablets[order], return_index=True)
+    ends = list(starts[1:]) + [len(order)]
+    grouped: dict[tuple[str, int], list[np.ndarray]] = defaultdict(list)
+    for tablet, start, end in zip(present.tolist(), starts.tolist(), ends):
+        for replica in tablet_map.replicas[tablet]:
+            grouped[(replica.node, replica.shard)].append(order[start:end])
+    return [
+        (node, RowBatch(table_id=table.id, shard=shard, rows=(), timestamp=timestamp,
+                        schema_version=state.schema_version, columns=mutations.take(np.concatenate(parts))))
+        for (node, shard), parts in grouped.items()
     ]

@@ -78,7 +78,7 @@ def test_the_longest_string_is_measured_in_utf8_bytes():
 def test_the_service_takes_arrow_values_within_the_limits():
     limits = Limits(max_value_bytes=5, max_batch_rows=2)
     request = pb.ExecuteRequest(arrow_values=arrow_ipc(pa.table({"k": [1, 2], "v": ["abc", None]})))
-    assert _params(request, limits) == [[1, "abc"], [2, None]]
+    assert _params(request, limits).rows() == [[1, "abc"], [2, None]]
     too_long = pb.ExecuteRequest(arrow_values=arrow_ipc(pa.table({"k": [1], "v": ["abcdef"]})))
     with pytest.raises(InvalidArgument, match=r"a value of Arrow column 2 is 6 bytes, over the limit of 5"):
         _params(too_long, limits)

@@ -1,12 +1,20 @@
 """Prepared statements (bind columns, ids, invalidation by DROP and re-creation) and request size limits."""
 from __future__ import annotations
 
+import math
+
+import pyarrow as pa
 import pytest
 
 from common.injection import Injections
 from common.metrics import NodeMetrics
 from coordinator.core.errors import InvalidArgument, NotFound
+from common.arrow_values import plain_columns
+from cql.columnar import ArrowValues
 from cql.executor import Executor
+from replica.rows import storage_spec
+from storage.cells import Cell
+from storage.upsert import rows_of_mutations
 from replica.write_path import TableDropped
 from cql.limits import Limits
 from cql.prepared import UNPREPARED, BindColumn, PreparedCache, Unprepared, statement_id
@@ -206,3 +214,46 @@ def test_a_prepared_write_that_meets_a_drop_it_had_not_seen_is_unprepared_so_the
     with pytest.raises(Unprepared, match="^unprepared statement"):
         executor.execute("", params=[[1, 2, "a", 0.5]], prepared_id=prepared.id)
     assert writer.writes == []
+
+
+# --- Arrow value sets: the columnar write and its fallback to the row path ----------------------------------
+
+
+def arrow_values(**columns) -> ArrowValues:
+    return ArrowValues(plain_columns(pa.table(columns)))
+
+
+def test_arrow_values_make_one_columnar_write_holding_what_the_row_path_would(cluster):
+    executor, group0, writer = cluster
+    prepared = executor.prepare(INSERT)
+    values = dict(p=pa.array([1, -5, 7], pa.int64()), c=pa.array([2, 2**62, -1], pa.int64()),
+                  v=["a", None, "é"], d=pa.array([0.5, -0.0, math.nan]))
+    result = executor.execute("", params=arrow_values(**values), prepared_id=prepared.id)
+    assert result.message == "ok: 3 statements applied"
+    [(table, mutations, _)] = writer.column_writes
+    executor.execute("", params=ArrowValues(plain_columns(pa.table(values))).rows(), prepared_id=prepared.id)
+    [(row_mutations, _)] = writer.writes
+    columnar = rows_of_mutations(storage_spec(table), mutations)
+    expected = [row for _, row in row_mutations]
+    assert [(r.token, r.key, r.marker_ts) for r in columnar] == [(r.token, r.key, r.marker_ts) for r in expected]
+    assert [{n: (repr(c.value), c.ts) for n, c in r.cells.items()} for r in columnar] == \
+        [{n: (repr(c.value), c.ts) for n, c in r.cells.items()} for r in expected]
+
+
+def test_arrow_values_the_columns_cannot_hold_go_the_row_path_and_its_errors(cluster):
+    executor, _, writer = cluster
+    prepared = executor.prepare(INSERT)
+    with pytest.raises(InvalidArgument, match="out of range for int column 'p'"):
+        executor.execute("", params=arrow_values(p=pa.array([2**40]), c=[1], v=["x"], d=[1.0]),
+                         prepared_id=prepared.id)
+    with pytest.raises(InvalidArgument, match="missing: c"):
+        executor.execute("", params=arrow_values(p=[1], c=pa.array([None], pa.int64()), v=["x"], d=[1.0]),
+                         prepared_id=prepared.id)
+    with pytest.raises(InvalidArgument, match="column 'v' is text; cannot store 5"):
+        executor.execute("", params=arrow_values(p=[1], c=[1], v=[5], d=[1.0]), prepared_id=prepared.id)
+    assert writer.column_writes == [] and writer.writes == []
+    timestamps = executor.prepare("INSERT INTO ks.t (p, c, v) VALUES (?, 1, ?) USING TIMESTAMP 77")
+    executor.execute("", params=arrow_values(p=[3], v=["x"]), prepared_id=timestamps.id)
+    [(table, mutations, _)] = writer.column_writes
+    [row] = rows_of_mutations(storage_spec(table), mutations)
+    assert (row.key, row.marker_ts, dict(row.cells)) == ((3, 1), 77, {"v": Cell("x", 77)})

@@ -21,9 +21,13 @@ class RecordingWriter:
 
     def __init__(self):
         self.writes = []
+        self.column_writes = []
 
     def write(self, mutations, default_ts):
         self.writes.append((list(mutations), default_ts))
+
+    def write_columns(self, table, mutations, default_ts):
+        self.column_writes.append((table, mutations, default_ts))
 
 
 class RecordingReader:

@@ -93,12 +93,10 @@ def test_a_failing_local_replica_is_reported_like_a_remote_one(cluster):
 
 
 def test_a_replica_that_found_the_table_dropped_makes_the_write_not_found_rather_than_unavailable():
-    schema = cluster_state()
-    mutations = base_rows(schema, 2)
-    dropped = write_failure(mutations, [("n2", Unavailable("n2 is down")), ("n3", NotFound("no table t on n3"))])
+    dropped = write_failure(["ks.t"], [("n2", Unavailable("n2 is down")), ("n3", NotFound("no table t on n3"))])
     assert isinstance(dropped, NotFound)
     assert "was dropped while this write was running" in dropped.message and "n2: UNAVAILABLE" in dropped.message
-    missed = write_failure(mutations, [("n2", Unavailable("n2 is down"))])
+    missed = write_failure(["ks.t"], [("n2", Unavailable("n2 is down"))])
     assert isinstance(missed, Unavailable) and "retrying it is safe" in missed.message
 
 

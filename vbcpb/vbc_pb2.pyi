@@ -279,18 +279,20 @@ class Mutation(_message.Message):
     def __init__(self, token: _Optional[int] = ..., key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., marker_ts: _Optional[int] = ..., tomb_ts: _Optional[int] = ..., cells: _Optional[_Iterable[_Union[Cell, _Mapping]]] = ...) -> None: ...
 
 class MutationBatch(_message.Message):
-    __slots__ = ("table_id", "shard", "mutations", "timestamp", "schema_version")
+    __slots__ = ("table_id", "shard", "mutations", "timestamp", "schema_version", "arrow_mutations")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     MUTATIONS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ARROW_MUTATIONS_FIELD_NUMBER: _ClassVar[int]
     table_id: str
     shard: int
     mutations: _containers.RepeatedCompositeFieldContainer[Mutation]
     timestamp: int
     schema_version: int
-    def __init__(self, table_id: _Optional[str] = ..., shard: _Optional[int] = ..., mutations: _Optional[_Iterable[_Union[Mutation, _Mapping]]] = ..., timestamp: _Optional[int] = ..., schema_version: _Optional[int] = ...) -> None: ...
+    arrow_mutations: bytes
+    def __init__(self, table_id: _Optional[str] = ..., shard: _Optional[int] = ..., mutations: _Optional[_Iterable[_Union[Mutation, _Mapping]]] = ..., timestamp: _Optional[int] = ..., schema_version: _Optional[int] = ..., arrow_mutations: _Optional[bytes] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("applied",)
