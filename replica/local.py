@@ -25,7 +25,7 @@ from storage.upsert import rows_of_mutations
 
 from replica.inflight import InflightWrites
 from replica.rows import storage_spec
-from replica.outbox import QueuedViewUpdate, ViewUpdateOutbox
+from replica.outbox import QueuedViewUpdate, ViewUpdateOutbox, grouped_updates
 from replica.outbox_payload import encode_payload
 from replica.tables import LocalTables
 from replica.transport import ReplicaTransport
@@ -107,11 +107,13 @@ class LocalData:
         return rows_of_mutations(storage_spec(table), batch.columns)
 
     def _queue_view_updates(self, context: WriteContext, queued: list[tuple[str, RowBatch]]):
-        """The store's `derive`: the outbox entries of one changed base row (also kept in `queued`, in order)."""
-        def derive(old: Row | None, new: Row) -> list[tuple[str, bytes]]:
-            updates = view_updates(context, self.node_id, old, new)
-            queued.extend(updates)
-            return [(target, encode_payload(update)) for target, update in updates]
+        """The store's `derive`: one outbox entry per (view replica, view, shard) holding every view row the
+        batch's changes produce there, in order (also kept in `queued`, in the same order)."""
+        def derive(changes: list[tuple[Row | None, Row]]) -> list[tuple[str, bytes]]:
+            updates = [update for old, new in changes for update in view_updates(context, self.node_id, old, new)]
+            groups = grouped_updates(updates)
+            queued.extend(groups)
+            return [(target, encode_payload(update)) for target, update in groups]
 
         return derive
 

@@ -69,9 +69,12 @@ class ViewUpdateOutbox:
             after_id = 0
             for _ in range(max_pages):
                 page = self._store.outbox_pending(OUTBOX_BATCH, after_id=after_id, target=target)
-                if not page or self.deliver(self._readable(page)):
+                if not page:
                     break
                 after_id = page[-1].id
+                unclaimed = self._unclaimed(page)  # a write delivering its own entries right now needs no help
+                if unclaimed and self.deliver(self._readable(unclaimed)):
+                    break
 
     def _deliver_group(self, target: str, group: list[QueuedViewUpdate]) -> bool:
         try:
@@ -100,6 +103,10 @@ class ViewUpdateOutbox:
             updates.append(QueuedViewUpdate(entry.id, entry.target, batch))
         return updates
 
+    def _unclaimed(self, entries: list[OutboxEntry]) -> list[OutboxEntry]:
+        with self._delivering_lock:
+            return [entry for entry in entries if entry.id not in self._delivering]
+
     def _claim(self, updates: list[QueuedViewUpdate]) -> list[QueuedViewUpdate]:
         with self._delivering_lock:
             free = [u for u in updates if u.id not in self._delivering]
@@ -120,7 +127,18 @@ def _grouped(updates: list[QueuedViewUpdate]) -> dict[tuple[str, str, int], list
 
 def _merged_batch(group: list[QueuedViewUpdate]) -> RowBatch:
     """One batch with the rows of every update of a group, in outbox order, at the newest schema version."""
-    first = group[0].batch
-    return RowBatch(table_id=first.table_id, shard=first.shard,
-                    rows=tuple(row for update in group for row in update.batch.rows),
-                    schema_version=max(update.batch.schema_version for update in group))
+    return _joined([update.batch for update in group])
+
+
+def _joined(batches: list[RowBatch]) -> RowBatch:
+    first = batches[0]
+    return RowBatch(table_id=first.table_id, shard=first.shard, rows=tuple(row for b in batches for row in b.rows),
+                    schema_version=max(b.schema_version for b in batches))
+
+
+def grouped_updates(updates: list[tuple[str, RowBatch]]) -> list[tuple[str, RowBatch]]:
+    """View updates joined per (target node, view, shard), each group's rows in their order (first seen first)."""
+    groups: dict[tuple[str, str, int], list[RowBatch]] = defaultdict(list)
+    for target, batch in updates:
+        groups[(target, batch.table_id, batch.shard)].append(batch)
+    return [(target, _joined(batches)) for (target, _, _), batches in groups.items()]

@@ -32,9 +32,18 @@ from .cells import (
     with_view_ts,
     write_ts,
 )
-from .upsert import SQLITE_NAN, arrow_params, conformed, physical_table_name, ts_column_name, upsert_sql, value_column_name
+from .upsert import (
+    SQLITE_NAN,
+    arrow_params,
+    conformed,
+    physical_table_name,
+    replace_sql,
+    ts_column_name,
+    upsert_sql,
+    value_column_name,
+)
 
-Derive = Callable[[Row | None, Row], Sequence[tuple[str, bytes]]]
+Derive = Callable[[Sequence[tuple[Row | None, Row]]], Sequence[tuple[str, bytes]]]
 
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL truncates longer identifiers
 MAX_PARAMS_PER_STATEMENT = 4000
@@ -175,8 +184,8 @@ class PhysicalTable:
         self.regular_columns = {column.name: column for column in spec.regular}
         self.table = self._build_table(spec)
         self.key_columns = [self.table.c.token] + [self.table.c[value_column_name(c.name)] for c in spec.key_columns]
-        self._update = self._build_update()
         self._upsert_sql: dict[bool, str] = {}
+        self._replace_sql: dict[bool, str] = {}
 
     @staticmethod
     def _build_table(spec: TableSpec) -> sa.Table:
@@ -196,10 +205,6 @@ class PhysicalTable:
             sa.Column("tombstone", sa.Boolean, nullable=False),
         ]
         return sa.Table(physical_table_name(spec.table_id), sa.MetaData(), *columns, sqlite_with_rowid=False)
-
-    def _build_update(self) -> sa.Update:
-        conditions = [column == sa.bindparam(f"w_{i}") for i, column in enumerate(self.key_columns)]
-        return self.table.update().where(*conditions)
 
     def normalise(self, mutation: Row) -> Row:
         """The mutation with type-checked key and cell values (the same object when nothing needed converting)."""
@@ -256,23 +261,29 @@ class PhysicalTable:
             sql = self._upsert_sql[sqlite] = upsert_sql(self.spec, sqlite)
         return sql
 
+    def replace_sql(self, sqlite: bool) -> str:
+        sql = self._replace_sql.get(sqlite)
+        if sql is None:
+            sql = self._replace_sql[sqlite] = replace_sql(self.spec, sqlite)
+        return sql
+
     def upsert_params(self, row: Row, sqlite: bool) -> tuple:
         """The values `upsert_sql` binds for a (normalised, non-empty) mutation, in table column order."""
+        return self._bound(row, write_ts(row), sqlite)
+
+    def replace_params(self, row: Row, sqlite: bool) -> tuple:
+        """The values `replace_sql` binds for a merged row (its own view_ts), in table column order."""
+        return self._bound(row, row.view_ts, sqlite)
+
+    def _bound(self, row: Row, view_ts: int | None, sqlite: bool) -> tuple:
         nan = SQLITE_NAN if sqlite else None
         params = [row.token, *(_bindable(v, nan) for v in row.key)]
         cells = row.cells
         for name in self.regular_names:
             cell = cells.get(name)
             params += (None, None) if cell is None else (_bindable(cell.value, nan), cell.ts)
-        stamp = write_ts(row)
-        params += (row.marker_ts, row.tomb_ts, stamp, stamp, not is_live(row))
+        params += (row.marker_ts, row.tomb_ts, view_ts, write_ts(row), not is_live(row))
         return tuple(params)
-
-    def update_params(self, row: Row) -> dict[str, object]:
-        params = self.to_params(row)
-        for i, column in enumerate(self.key_columns):
-            params[f"w_{i}"] = params.pop(column.name)
-        return params
 
     def from_sql(self, values: Sequence[object]) -> Row:
         """A Row from a `select(self.table)` result row (columns in table order)."""
@@ -302,11 +313,10 @@ class PhysicalTable:
                 found[_lookup_key(row.token, row.key)] = row
         return found
 
-    def write(self, conn: sa.Connection, new_rows: list[Row], changed_rows: list[Row]) -> None:
-        if new_rows:
-            conn.execute(self.table.insert(), [self.to_params(row) for row in new_rows])
-        if changed_rows:
-            conn.execute(self._update, [self.update_params(row) for row in changed_rows])
+    def write(self, conn: sa.Connection, rows: list[Row], sqlite: bool) -> None:
+        """Store merged rows (inserted or overwritten whole), in the caller's write transaction."""
+        if rows:
+            conn.exec_driver_sql(self.replace_sql(sqlite), [self.replace_params(row, sqlite) for row in rows])
 
 
 def _outbox_table(metadata: sa.MetaData) -> sa.Table:
@@ -491,10 +501,11 @@ class NodeStore:
     def apply(self, table_id: str, mutations: Sequence[Row], derive: Derive | None = None) -> ApplyResult:
         """Merge a batch of mutations into the table in one transaction, with the derived outbox entries.
 
-        `derive(previous_or_None, merged)` is called for every mutation that changes the stored state; it
-        runs inside the write transaction (it must not write to this store) and an exception rolls back
-        the whole batch. Without `derive` (a table without views) the batch is merged set-based by one SQL
-        upsert (storage.upsert); with it, the stored rows are fetched in one query and merged here.
+        `derive(changes)` is called once with the (previous_or_None, merged) pair of every mutation that changed
+        the stored state, in order; it runs inside the write transaction (it must not write to this store) and
+        an exception rolls back the whole batch. Without `derive` (a table without views) the batch is merged
+        set-based by one SQL upsert (storage.upsert); with it, the stored rows are fetched in one query and
+        merged here.
         """
         physical = self._physical(table_id)
         batch = [physical.normalise(mutation) for mutation in mutations]
@@ -506,26 +517,19 @@ class NodeStore:
             unique_keys = list({_lookup_key(m.token, m.key): (m.token, m.key) for m in batch}.values())
             stored = physical.fetch(conn, unique_keys)
             current = dict(stored)
-            outbox_rows: list[dict[str, object]] = []
-            changed = 0
+            changes: list[tuple[Row | None, Row]] = []
             for mutation in batch:
                 lookup = _lookup_key(mutation.token, mutation.key)
                 previous = current.get(lookup)
                 merged = self._merged(previous, mutation)
-                if merged is None:
-                    continue
-                current[lookup] = merged
-                changed += 1
-                if derive is not None:
-                    outbox_rows += [{"target": t, "payload": bytes(p)} for t, p in derive(previous, merged)]
-            written = [lookup for lookup, row in current.items() if stored.get(lookup) is not row]
-            physical.write(
-                conn,
-                new_rows=[current[lookup] for lookup in written if lookup not in stored],
-                changed_rows=[current[lookup] for lookup in written if lookup in stored],
-            )
+                if merged is not None:
+                    current[lookup] = merged
+                    changes.append((previous, merged))
+            outbox_rows = [{"target": t, "payload": bytes(p)} for t, p in derive(changes)] if changes else []
+            physical.write(conn, [row for lookup, row in current.items() if stored.get(lookup) is not row],
+                           not self._is_postgres)
             outbox_ids = self._insert_outbox(conn, outbox_rows)
-        return ApplyResult(changed, outbox_ids)
+        return ApplyResult(len(changes), outbox_ids)
 
     def apply_columns(self, table_id: str, mutations: pa.Table) -> int:
         """Merge mutations given as an Arrow table in the mutation layout (storage.upsert) set-based, in one

@@ -129,6 +129,16 @@ def upsert_sql(spec: TableSpec, sqlite: bool) -> str:
             f"{', '.join(_assignments(spec, sqlite))} WHERE {changed}")
 
 
+def replace_sql(spec: TableSpec, sqlite: bool) -> str:
+    """Store whole rows already merged (by the caller, under the writer lock): insert, or overwrite every column."""
+    columns = upsert_columns(spec)
+    keys = key_column_names(spec)
+    placeholders = ", ".join(["?" if sqlite else "%s"] * len(columns))
+    assignments = ", ".join(f"{quote(n)} = excluded.{quote(n)}" for n in columns if n not in keys)
+    return (f"INSERT INTO {quote(physical_table_name(spec.table_id))} ({', '.join(quote(n) for n in columns)}) "
+            f"VALUES ({placeholders}) ON CONFLICT ({', '.join(quote(n) for n in keys)}) DO UPDATE SET {assignments}")
+
+
 # --- the mutation layout in Arrow ------------------------------------------------------------------------
 
 

@@ -109,7 +109,7 @@ def test_an_unreachable_view_replica_does_not_block_deliveries_to_others(tmp_pat
         payload = encode_payload(RowBatch(view_id, shard=0, rows=(update,), schema_version=state.schema_version))
         entries = [("dead", payload)] * dead_entries + [("alive", payload)]
         base_row = upsert_row(state.tables[table_id], {"k": 1, "v": 1}, ts=10)
-        store.apply(table_id, [base_row], derive=lambda old, new: entries)
+        store.apply(table_id, [base_row], derive=lambda changes: entries)
         assert store.outbox_size() == dead_entries + 1
         local.flush_outbox()
         assert store.outbox_size() == dead_entries, "the entry for the live replica must be delivered"

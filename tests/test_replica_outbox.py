@@ -142,7 +142,7 @@ def queue(store: NodeStore, entries: list[tuple[str, bytes]]) -> None:
     """Put outbox entries in the store the way a base write does (in the transaction of a base row)."""
     schema = cluster_state(nodes=("n1",), rf=1, tablets=1)
     store.ensure_table(storage_spec(schema.table))
-    store.apply(schema.table_id, [upsert_row(schema.table, {"key": 1, "c": 1, "v": "x"}, 5)], lambda old, new: entries)
+    store.apply(schema.table_id, [upsert_row(schema.table, {"key": 1, "c": 1, "v": "x"}, 5)], lambda changes: entries)
 
 
 def view_batch(shard: int, key: int, schema_version: int) -> RowBatch:

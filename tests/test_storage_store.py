@@ -74,9 +74,9 @@ def scan_all(store: NodeStore, spec: TableSpec, **options) -> list[Row]:
 
 
 def recording_derive(calls: list):
-    def derive(previous, merged):
-        calls.append((previous, merged))
-        return [(f"view-{merged.key[1]}", repr(merged.key).encode())]
+    def derive(changes):
+        calls.extend(changes)
+        return [(f"view-{merged.key[1]}", repr(merged.key).encode()) for _, merged in changes]
 
     return derive
 
@@ -359,8 +359,8 @@ def test_derive_sees_the_new_view_ts(store, spec):
 def test_failing_derive_rolls_back_the_rows(store, spec):
     store.apply(spec.table_id, [mutation("p", "a", 1, t=Cell("kept", 1))], derive=recording_derive([]))
 
-    def failing(previous, merged):
-        if merged.key[1] == "b":
+    def failing(changes):
+        if any(merged.key[1] == "b" for _, merged in changes):
             raise RuntimeError("derive failed")
         return [("view", b"payload")]
 
@@ -395,8 +395,8 @@ def test_outbox_is_oldest_first_and_acks_remove_entries(store, spec):
 def test_outbox_ids_follow_the_order_of_the_derived_entries(store, spec):
     produced = []
 
-    def derive(previous, merged):
-        entries = [(f"node-{n}", f"{merged.key[1]}/{n}".encode()) for n in range(3)]
+    def derive(changes):
+        entries = [(f"node-{n}", f"{merged.key[1]}/{n}".encode()) for _, merged in changes for n in range(3)]
         produced.extend(entries)
         return entries
 
@@ -410,8 +410,8 @@ def test_reads_inside_derive_see_the_last_committed_state(store, spec):
     store.apply(spec.table_id, [mutation("p", "a", 1, t=Cell("old", 1))])
     seen = []
 
-    def derive(previous, merged):
-        seen.append(visible_values(store.get(spec.table_id, merged.token, merged.key)))
+    def derive(changes):
+        seen.extend(visible_values(store.get(spec.table_id, merged.token, merged.key)) for _, merged in changes)
         return []
 
     store.apply(spec.table_id, [mutation("p", "a", 2, t=Cell("new", 2))], derive=derive)

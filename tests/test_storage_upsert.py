@@ -52,7 +52,7 @@ def fresh_table(store) -> TableSpec:
     return spec
 
 
-def python_merge(_previous, _merged):
+def python_merge(_changes):
     return []  # a derive makes the store fetch and merge in Python (and queue nothing)
 
 
