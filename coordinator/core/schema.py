@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 NODE_NORMAL = "normal"
 TASK_BUILD_RANGE = "build_range"
@@ -66,11 +67,12 @@ class Table:
     def qualified_name(self) -> str:
         return f"{self.keyspace}.{self.name}"
 
-    @property
+    # Cached (the write path asks for these per row); a cached value is derived from the fields and not a field.
+    @cached_property
     def primary_key(self) -> tuple[str, ...]:
         return self.partition_key + self.clustering_key
 
-    @property
+    @cached_property
     def regular_columns(self) -> tuple[Column, ...]:
         keys = set(self.primary_key)
         return tuple(c for c in self.columns if c.name not in keys)
@@ -83,7 +85,7 @@ class Table:
         assert column is not None, name
         return column.type
 
-    @property
+    @cached_property
     def partition_key_types(self) -> tuple[str, ...]:
         return tuple(self.column_type(n) for n in self.partition_key)
 
