@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy import event
 
@@ -47,6 +48,8 @@ Derive = Callable[[Sequence[tuple[Row | None, Row]]], Sequence[tuple[str, bytes]
 
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL truncates longer identifiers
 MAX_PARAMS_PER_STATEMENT = 4000
+SQLITE_WRITER_CACHE_KIB = 262_144  # the writer's page cache, grown as used: random-key inserts touch most pages
+SQLITE_CHECKPOINT_PAGES = 16_384  # WAL pages before a checkpoint: a big random-key batch dirties thousands at once
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 PG_WRITER_LOCK_ID = 0x7662635F73746F72  # arbitrary constant naming the store's writer advisory lock
 _IMMEDIATE = "storage_begin_immediate"
@@ -339,7 +342,7 @@ def _catalog_table(metadata: sa.MetaData) -> sa.Table:
     )
 
 
-def _configure_sqlite(engine: sa.Engine) -> None:
+def _configure_sqlite(engine: sa.Engine, writer: bool) -> None:
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection, _record) -> None:
         # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin (see on_begin).
@@ -348,6 +351,9 @@ def _configure_sqlite(engine: sa.Engine) -> None:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA busy_timeout=30000")
+        if writer:
+            cursor.execute(f"PRAGMA cache_size=-{SQLITE_WRITER_CACHE_KIB}")
+            cursor.execute(f"PRAGMA wal_autocheckpoint={SQLITE_CHECKPOINT_PAGES}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -356,14 +362,15 @@ def _configure_sqlite(engine: sa.Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def create_engine(url: str | sa.URL) -> sa.Engine:
+def create_engine(url: str | sa.URL, writer: bool = False) -> sa.Engine:
+    """An engine for readers, or (`writer`) for the one writer of a SQLite store: a single pooled connection
+    whose page cache stays warm from one write to the next."""
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return sa.create_engine(parsed, pool_size=10, max_overflow=30)
-    engine = sa.create_engine(
-        parsed, connect_args={"check_same_thread": False}, pool_size=10, max_overflow=30
-    )
-    _configure_sqlite(engine)
+    pool = {"pool_size": 1, "max_overflow": 0} if writer else {"pool_size": 10, "max_overflow": 30}
+    engine = sa.create_engine(parsed, connect_args={"check_same_thread": False}, **pool)
+    _configure_sqlite(engine, writer)
     return engine
 
 
@@ -371,6 +378,7 @@ class NodeStore:
     def __init__(self, url: str | sa.URL) -> None:
         self._engine = create_engine(url)
         self._is_postgres = self._engine.dialect.name == "postgresql"
+        self._write_engine = self._engine if self._is_postgres else create_engine(url, writer=True)
         self._write_lock = threading.Lock()
         self._tables: dict[str, PhysicalTable] = {}
         metadata = sa.MetaData()
@@ -387,6 +395,7 @@ class NodeStore:
 
     def close(self) -> None:
         self._engine.dispose()
+        self._write_engine.dispose()
 
     @property
     def url(self) -> sa.URL:
@@ -411,7 +420,7 @@ class NodeStore:
 
     @contextmanager
     def _write_transaction(self) -> Iterator[sa.Connection]:
-        with self._write_lock, self._engine.connect() as conn:
+        with self._write_lock, self._write_engine.connect() as conn:
             conn.execution_options(**{_IMMEDIATE: True})
             with conn.begin():
                 if self._is_postgres:
@@ -537,6 +546,7 @@ class NodeStore:
         physical = self._physical(table_id)
         sqlite = not self._is_postgres
         mutations = conformed(physical.spec, mutations)
+        mutations = mutations.take(pc.sort_indices(mutations.column("token")))  # stable: one key keeps its order
         return self._run_upsert(physical, arrow_params(physical.spec, mutations, sqlite), sqlite)
 
     def _upsert(self, physical: PhysicalTable, batch: Sequence[Row]) -> int:

@@ -193,8 +193,8 @@ def add_client_parsers(commands) -> None:
     load = commands.add_parser("load", parents=[target], help="load a CSV or Parquet file into a table")
     load.add_argument("table", type=table_name, metavar="KS.TABLE")
     load.add_argument("file", type=Path, metavar="FILE", help="a .csv (header line with column names) or .parquet file")
-    load.add_argument("--batch-rows", type=positive_int, default=5_000, metavar="N",
-                      help="rows per execution (default 5,000)")
+    load.add_argument("--batch-rows", type=positive_int, default=20_000, metavar="N",
+                      help="rows per execution (default 20,000)")
     load.add_argument("--quiet", action="store_true", help="no progress bar")
     load.set_defaults(handler=cmd_load, parser=load)
 

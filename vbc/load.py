@@ -4,8 +4,9 @@ The file is read twice, streaming (bounded memory): a first pass checks everythi
 anything is written: its columns (unknown ones, missing primary key columns), every value's conversion to its
 column's type, and NULLs in key columns, each refused naming the file's row (CSV: data row and line; Parquet:
 row group and row) and column. The second pass sends `--batch-rows` rows per execution of one prepared
-`INSERT` with the values as an Arrow IPC stream. A failure midway says how many rows were committed; every
-row is an INSERT, so loading the file again is harmless.
+`INSERT` with the values as an Arrow IPC stream, two executions in flight. A failure midway says how many rows
+were committed (batches after the failed one may be applied too); every row is an INSERT, so loading the file
+again is harmless.
 
 CSV: a header line names the columns; an unquoted empty field, NULL or null is NULL; a quoted "" is an empty
 text; booleans are true/false (or 1/0); timestamps are ISO 8601 or microseconds since the epoch.
@@ -13,7 +14,9 @@ text; booleans are true/false (or 1/0); timestamps are ISO 8601 or microseconds 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +28,8 @@ import pyarrow.parquet as pq
 
 from vbc import client
 
-DEFAULT_BATCH_ROWS = 5_000
+DEFAULT_BATCH_ROWS = 20_000
+DEFAULT_IN_FLIGHT = 2  # one batch applied by the cluster while the next is read, converted and sent
 CSV_BLOCK_BYTES = 4 << 20
 CSV_NULLS = ["", "NULL", "null"]
 ARROW_TYPES = {"int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
@@ -212,19 +216,37 @@ def execute_timeout(rows: int) -> float:
 
 
 def send_file(addresses: list[str], path: Path, fmt: str, plan: Plan, batch_rows: int,
-              progress: Callable[[int], None]) -> int:
-    """Second pass: each batch as one execution of the prepared INSERT; the rows committed."""
+              progress: Callable[[int], None], in_flight: int = DEFAULT_IN_FLIGHT) -> int:
+    """Second pass: each batch as one execution of the prepared INSERT, up to `in_flight` executions at once
+    (the next batch is read and converted while the cluster applies the previous ones); the rows committed."""
     committed = 0
-    for chunk in chunks(path, fmt, plan.names, batch_rows):
-        values = converted(chunk, plan.names, plan.types, plan.key, path)
+    pending: deque[tuple[Chunk, int, Future]] = deque()
+    with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="vbc-load") as pool:
         try:
-            client.execute(addresses, plan.insert, params=values, timeout=execute_timeout(values.num_rows))
-        except grpc.RpcError as error:
-            raise LoadError(f"{path}: the batch starting at {chunk.where(0)} failed: {client.error_text(error)}",
-                            committed) from None
-        committed += values.num_rows
-        progress(values.num_rows)
+            for chunk in chunks(path, fmt, plan.names, batch_rows):
+                values = converted(chunk, plan.names, plan.types, plan.key, path)
+                pending.append((chunk, values.num_rows, pool.submit(
+                    client.execute, addresses, plan.insert, params=values, timeout=execute_timeout(values.num_rows))))
+                while len(pending) >= in_flight:
+                    committed += _settle(pending.popleft(), path, committed, progress)
+            while pending:
+                committed += _settle(pending.popleft(), path, committed, progress)
+        finally:
+            for _, _, future in pending:
+                future.cancel()
     return committed
+
+
+def _settle(sent: tuple[Chunk, int, Future], path: Path, committed: int, progress: Callable[[int], None]) -> int:
+    """Wait for one execution; its rows, or LoadError counting the rows committed before it."""
+    chunk, rows, future = sent
+    try:
+        future.result()
+    except grpc.RpcError as error:
+        raise LoadError(f"{path}: the batch starting at {chunk.where(0)} failed: {client.error_text(error)}",
+                        committed) from None
+    progress(rows)
+    return rows
 
 
 def load(addresses: list[str], table: str, path: Path, batch_rows: int = DEFAULT_BATCH_ROWS,
