@@ -35,8 +35,9 @@ class ClientService(rpc.ClientServicer):
     @unary
     def Prepare(self, request, context):
         prepared = self._executor.prepare(request.statement)
-        key = prepared.tables[0][1].primary_key if prepared.tables else ()
-        return pb.PrepareResponse(id=prepared.id, primary_key=list(key),
+        table = prepared.tables[0][1] if prepared.tables else None
+        return pb.PrepareResponse(id=prepared.id, primary_key=list(table.primary_key if table else ()),
+                                  partition_key=list(table.partition_key if table else ()),
                                   bind_columns=[pb.Column(name=c.name, type=c.type) for c in prepared.bind_columns])
 
 

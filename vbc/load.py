@@ -1,18 +1,19 @@
 """`vbc load KS.TABLE FILE`: a CSV or Parquet file into a table, checked first, then sent in Arrow batches.
 
-The file is read twice, streaming (bounded memory): a first pass checks everything against the table before
-anything is written: its columns (unknown ones, missing primary key columns), every value's conversion to its
-column's type, and NULLs in key columns, each refused naming the file's row (CSV: data row and line; Parquet:
-row group and row) and column. The second pass sends `--batch-rows` rows per execution of one prepared
-`INSERT` with the values as an Arrow IPC stream, two executions in flight. A failure midway says how many rows
-were committed (batches after the failed one may be applied too); every row is an INSERT, so loading the file
-again is harmless.
+The file is read once, streaming (bounded memory), and checked completely before anything is written: its
+columns (unknown ones, missing primary key columns), every value's conversion to its column's type, and NULLs
+in key columns, each refused naming the file's row (CSV: data row and line; Parquet: row group and row) and
+column. The checked rows are kept in a temporary directory, grouped by token range (`TokenSpill`); then they
+are sent range after range, `--batch-rows` rows per execution of one prepared `INSERT` with the values as an
+Arrow IPC stream, two executions in flight. A failure midway says how many rows were committed (executions
+after the failed one may be applied too); every row is an INSERT, so loading the file again is harmless.
 
 CSV: a header line names the columns; an unquoted empty field, NULL or null is NULL; a quoted "" is an empty
 text; booleans are true/false (or 1/0); timestamps are ISO 8601 or microseconds since the epoch.
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -21,14 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from common.arrow_tokens import tablets_of, tokens_of
 from vbc import client
 
 DEFAULT_BATCH_ROWS = 20_000
+SPILL_RANGES = 64
 DEFAULT_IN_FLIGHT = 2  # one batch applied by the cluster while the next is read, converted and sent
 CSV_BLOCK_BYTES = 4 << 20
 CSV_NULLS = ["", "NULL", "null"]
@@ -182,6 +186,7 @@ class Plan:
     names: list[str]
     types: list[str]
     key: set[str]
+    partition_key: list[str]  # empty from a node that does not say: the rows are then sent in file order
 
 
 def plan_load(addresses: list[str], table: str, path: Path, fmt: str) -> Plan:
@@ -198,16 +203,80 @@ def plan_load(addresses: list[str], table: str, path: Path, fmt: str) -> Plan:
     missing = [k for k in prepared.primary_key if k not in names]
     if missing:
         raise LoadError(f"{path} lacks primary key column(s) {', '.join(missing)} of {table}")
-    return Plan(insert, names, [c.type for c in prepared.bind_columns], set(prepared.primary_key))
+    return Plan(insert, names, [c.type for c in prepared.bind_columns], set(prepared.primary_key),
+                list(prepared.partition_key))
 
 
-def check_file(path: Path, fmt: str, plan: Plan, batch_rows: int) -> int:
-    """First pass: every value converts and no key is NULL; the number of rows."""
+def check_file(path: Path, fmt: str, plan: Plan, batch_rows: int, spill: TokenSpill) -> int:
+    """First pass: every value converts and no key is NULL; the converted rows go to `spill`. The number of rows."""
     rows = 0
     for chunk in chunks(path, fmt, plan.names, batch_rows):
-        converted(chunk, plan.names, plan.types, plan.key, path)
+        spill.add(converted(chunk, plan.names, plan.types, plan.key, path))
         rows += chunk.batch.num_rows
     return rows
+
+
+class TokenSpill:
+    """The checked rows grouped by token range (`SPILL_RANGES` equal ranges) in Arrow IPC files of a directory.
+
+    Sent range after range, each execution's rows fall in one range of the token ring, so a replica's merge
+    touches a small part of its table (a table is stored in token order: rows in file order would touch all of
+    it with every execution). Memory stays bounded: rows are written out as they are checked.
+    """
+
+    def __init__(self, directory: Path, plan: Plan):
+        self._directory = directory
+        self._plan = plan
+        self._writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+        self._sinks: list = []
+
+    def add(self, table: pa.Table) -> None:
+        if not self._plan.partition_key:
+            self._write(0, table)
+            return
+        types = tuple(self._plan.types[self._plan.names.index(k)] for k in self._plan.partition_key)
+        ranges = tablets_of(tokens_of([table.column(k) for k in self._plan.partition_key], types), SPILL_RANGES)
+        order = np.argsort(ranges, kind="stable")
+        present, starts = np.unique(ranges[order], return_index=True)
+        ends = [*starts[1:].tolist(), len(order)]
+        for number, start, end in zip(present.tolist(), starts.tolist(), ends):
+            self._write(number, table.take(order[start:end]))
+
+    def _write(self, number: int, table: pa.Table) -> None:
+        writer = self._writers.get(number)
+        if writer is None:
+            sink = pa.OSFile(str(self._path(number)), "wb")
+            self._sinks.append(sink)
+            writer = self._writers[number] = pa.ipc.new_stream(sink, table.schema)
+        writer.write_table(table)
+
+    def _path(self, number: int) -> Path:
+        return self._directory / f"range-{number:03}.arrows"
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        for sink in self._sinks:
+            sink.close()
+
+    def batches(self, batch_rows: int) -> Iterator[pa.Table]:
+        """The rows, range after range (so each table spans adjacent ranges), in tables of at most `batch_rows`."""
+        pending, size = [], 0
+        for batch in self._stored_batches():
+            pending.append(batch)
+            size += batch.num_rows
+            while size >= batch_rows:
+                table = pa.Table.from_batches(pending)
+                yield table.slice(0, batch_rows)
+                rest = table.slice(batch_rows)
+                pending, size = rest.to_batches(), rest.num_rows
+        if size:
+            yield pa.Table.from_batches(pending)
+
+    def _stored_batches(self) -> Iterator[pa.RecordBatch]:
+        for number in sorted(self._writers):
+            with pa.OSFile(str(self._path(number)), "rb") as source:  # read into buffers of their own
+                yield from pa.ipc.open_stream(source)
 
 
 def execute_timeout(rows: int) -> float:
@@ -215,36 +284,35 @@ def execute_timeout(rows: int) -> float:
     return client.DEFAULT_TIMEOUT + 0.01 * rows
 
 
-def send_file(addresses: list[str], path: Path, fmt: str, plan: Plan, batch_rows: int,
+def send_rows(addresses: list[str], path: Path, spill: TokenSpill, plan: Plan, batch_rows: int,
               progress: Callable[[int], None], in_flight: int = DEFAULT_IN_FLIGHT) -> int:
-    """Second pass: each batch as one execution of the prepared INSERT, up to `in_flight` executions at once
-    (the next batch is read and converted while the cluster applies the previous ones); the rows committed."""
+    """Second pass: the checked rows, `batch_rows` per execution of the prepared INSERT, up to `in_flight`
+    executions at once (the next batch is read while the cluster applies the previous ones); the rows committed."""
     committed = 0
-    pending: deque[tuple[Chunk, int, Future]] = deque()
+    pending: deque[tuple[int, Future]] = deque()
     with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="vbc-load") as pool:
         try:
-            for chunk in chunks(path, fmt, plan.names, batch_rows):
-                values = converted(chunk, plan.names, plan.types, plan.key, path)
-                pending.append((chunk, values.num_rows, pool.submit(
+            for values in spill.batches(batch_rows):
+                pending.append((values.num_rows, pool.submit(
                     client.execute, addresses, plan.insert, params=values, timeout=execute_timeout(values.num_rows))))
                 while len(pending) >= in_flight:
                     committed += _settle(pending.popleft(), path, committed, progress)
             while pending:
                 committed += _settle(pending.popleft(), path, committed, progress)
         finally:
-            for _, _, future in pending:
+            for _, future in pending:
                 future.cancel()
     return committed
 
 
-def _settle(sent: tuple[Chunk, int, Future], path: Path, committed: int, progress: Callable[[int], None]) -> int:
+def _settle(sent: tuple[int, Future], path: Path, committed: int, progress: Callable[[int], None]) -> int:
     """Wait for one execution; its rows, or LoadError counting the rows committed before it."""
-    chunk, rows, future = sent
+    rows, future = sent
     try:
         future.result()
     except grpc.RpcError as error:
-        raise LoadError(f"{path}: the batch starting at {chunk.where(0)} failed: {client.error_text(error)}",
-                        committed) from None
+        raise LoadError(f"{path}: an execution of {rows:,} rows failed after {committed:,} rows were committed: "
+                        f"{client.error_text(error)}", committed) from None
     progress(rows)
     return rows
 
@@ -257,8 +325,13 @@ def load(addresses: list[str], table: str, path: Path, batch_rows: int = DEFAULT
         raise LoadError(f"{path}: no such file")
     fmt = file_format(path)
     plan = plan_load(addresses, table, path, fmt)
-    total = check_file(path, fmt, plan, batch_rows)
-    on_total(total)
-    started = time.monotonic()
-    committed = send_file(addresses, path, fmt, plan, batch_rows, progress)
+    with tempfile.TemporaryDirectory(prefix="vbc-load-") as directory:
+        spill = TokenSpill(Path(directory), plan)
+        try:
+            total = check_file(path, fmt, plan, batch_rows, spill)
+        finally:
+            spill.close()
+        on_total(total)
+        started = time.monotonic()
+        committed = send_rows(addresses, path, spill, plan, batch_rows, progress)
     return committed, time.monotonic() - started

@@ -56,14 +56,16 @@ class PrepareRequest(_message.Message):
     def __init__(self, statement: _Optional[str] = ...) -> None: ...
 
 class PrepareResponse(_message.Message):
-    __slots__ = ("id", "bind_columns", "primary_key")
+    __slots__ = ("id", "bind_columns", "primary_key", "partition_key")
     ID_FIELD_NUMBER: _ClassVar[int]
     BIND_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_KEY_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
     id: str
     bind_columns: _containers.RepeatedCompositeFieldContainer[Column]
     primary_key: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., bind_columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., primary_key: _Optional[_Iterable[str]] = ...) -> None: ...
+    partition_key: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., bind_columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., primary_key: _Optional[_Iterable[str]] = ..., partition_key: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
     __slots__ = ("columns", "rows", "message")
