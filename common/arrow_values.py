@@ -2,7 +2,7 @@
 
 One column per `?` in marker order (names are not looked at), one row per value set. Accepted Arrow types:
 integers (signed and unsigned), floating point, boolean, UTF-8 strings (also large and dictionary-encoded), and
-timestamps (as microseconds since the epoch, like a CQL timestamp). Any other type, or bytes that are not an
+timestamps (as milliseconds since the epoch, what a CQL timestamp stores; a finer part is dropped). Any other type, or bytes that are not an
 Arrow IPC stream, is INVALID_ARGUMENT naming the column.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ def _plain(column: pa.ChunkedArray) -> pa.ChunkedArray:
     if pa.types.is_dictionary(column.type):
         return column.cast(column.type.value_type)
     if pa.types.is_timestamp(column.type):
-        return column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
+        return column.cast(pa.timestamp("ms", tz=column.type.tz), safe=False).cast(pa.int64())
     return column
 
 

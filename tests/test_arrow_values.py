@@ -30,7 +30,7 @@ def test_every_accepted_type_comes_back_as_the_python_value():
         "b": pa.array([True, False, None, True]),
         "s": pa.array(["", "é✓ \U0001F600", "a\x00b", None]),
         "ls": pa.array(["x", "y", None, "z"], pa.large_string()),
-        "ts": pa.array([0, 1_700_000_000_000_000, None, -1], pa.timestamp("us")),
+        "ts": pa.array([0, 1_700_000_000_000_000, None, -1_000], pa.timestamp("us")),
         "null": pa.array([None] * 4, pa.null()),
     })
     rows = decoded(table)
@@ -42,14 +42,16 @@ def test_every_accepted_type_comes_back_as_the_python_value():
     assert [r[5] for r in rows] == [True, False, None, True]
     assert [r[6] for r in rows] == ["", "é✓ \U0001F600", "a\x00b", None]
     assert [r[7] for r in rows] == ["x", "y", None, "z"]
-    assert [r[8] for r in rows] == [0, 1_700_000_000_000_000, None, -1]
+    assert [r[8] for r in rows] == [0, 1_700_000_000_000, None, -1], "milliseconds, as a CQL timestamp stores"
     assert [r[9] for r in rows] == [None] * 4
 
 
-def test_dictionary_strings_and_millisecond_timestamps_are_decoded():
+def test_dictionary_strings_and_timestamps_of_any_unit_are_decoded_to_milliseconds():
     table = pa.table({"d": pa.array(["a", "b", "a"]).dictionary_encode(),
-                      "ms": pa.array([1, 2, None], pa.timestamp("ms"))})
-    assert decoded(table) == [["a", 1000], ["b", 2000], ["a", None]]
+                      "ms": pa.array([1, 2, None], pa.timestamp("ms")),
+                      "s": pa.array([1, 2, None], pa.timestamp("s")),
+                      "ns": pa.array([1_500_000, 2_999_999, None], pa.timestamp("ns"))})
+    assert decoded(table) == [["a", 1, 1000, 1], ["b", 2, 2000, 2], ["a", None, None, None]]
 
 
 def test_a_pandas_frame_and_a_record_batch_go_the_same_way():

@@ -366,14 +366,14 @@ def test_arrow_value_sets_of_every_column_type_read_back_equal(cluster):
         "d": pa.array([math.nan, -0.0, math.inf, None, 1e-300]),
         "b": pa.array([True, False, None, True, False]),
         "s": pa.array(["é✓ \U0001F600", "", None, "a'b", "x" * 1000]),
-        "ts": pa.array([0, 1_700_000_000_000_000, None, 1, 2], pa.timestamp("us")),
+        "ts": pa.array([0, 1_700_000_000_000, None, 1, -2], pa.timestamp("ms")),
     })
     insert = "INSERT INTO av.t (k, i, d, b, s, ts) VALUES (?, ?, ?, ?, ?, ?)"
     _, _, message = client.execute(addr(cluster, "n2"), insert, params=values)
     assert message == "ok: 5 statements applied"
     got = {r["k"]: r for r in rows(cluster, "n3", "SELECT k, i, d, b, s, ts FROM av.t")}
-    micros = values.column("ts").cast(pa.int64()).to_pylist()
-    for row, expected_ts in zip(values.to_pylist(), micros):
+    millis = values.column("ts").cast(pa.int64()).to_pylist()  # a CQL timestamp stores milliseconds
+    for row, expected_ts in zip(values.to_pylist(), millis):
         stored = got[row["k"]]
         for name in ("i", "b", "s"):
             assert stored[name] == row[name], (name, stored, row)
@@ -420,7 +420,7 @@ def test_vbc_load_of_csv_and_parquet_fills_base_and_view_on_every_replica(cluste
     def part(start: int, stop: int) -> pa.Table:
         ids = range(start, stop)
         return pa.table({"k": [i // 10 for i in ids], "c": [i % 10 for i in ids], "v": [f"v{i}é" for i in ids],
-                         "d": [i / 7 for i in ids], "ts": [1_700_000_000_000_000 + i for i in ids]})
+                         "d": [i / 7 for i in ids], "ts": [1_700_000_000_000 + i for i in ids]})
 
     pacsv.write_csv(part(0, total // 2), tmp_path / "first.csv")
     pq.write_table(part(total // 2, total), tmp_path / "second.parquet", row_group_size=1500)
@@ -430,7 +430,7 @@ def test_vbc_load_of_csv_and_parquet_fills_base_and_view_on_every_replica(cluste
     assert _load(cluster, load_table, tmp_path / "second.parquet") == 0, "loading again is harmless"
     assert rows(cluster, "n3", "SELECT COUNT(*) FROM ld.t") == [{"count": total}]
     assert rows(cluster, "n1", "SELECT v, d, ts FROM ld.t WHERE k = 777 AND c = 3") == [
-        {"v": "v7773é", "d": 7773 / 7, "ts": 1_700_000_000_007_773}]
+        {"v": "v7773é", "d": 7773 / 7, "ts": 1_700_000_007_773}]
     wait_views_flushed(cluster)
     assert sum(_replica_row_counts(cluster, "ld", "t").values()) == 3 * total
     assert sum(_replica_row_counts(cluster, "ld", "mv").values()) == 3 * total

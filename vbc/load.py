@@ -9,7 +9,8 @@ Arrow IPC stream, two executions in flight. A failure midway says how many rows 
 after the failed one may be applied too); every row is an INSERT, so loading the file again is harmless.
 
 CSV: a header line names the columns; an unquoted empty field, NULL or null is NULL; a quoted "" is an empty
-text; booleans are true/false (or 1/0); timestamps are ISO 8601 or microseconds since the epoch.
+text; booleans are true/false (or 1/0); timestamps are ISO 8601 or milliseconds since the epoch (what a CQL
+timestamp stores; a finer part of an ISO time or a Parquet timestamp is dropped).
 """
 from __future__ import annotations
 
@@ -131,17 +132,18 @@ def chunks(path: Path, fmt: str, names: list[str], batch_rows: int) -> Iterator[
 def _cast(column: pa.Array, cql_type: str) -> pa.Array:
     target = ARROW_TYPES[cql_type]
     if cql_type == "timestamp":
-        return _timestamp_micros(column)
+        return _timestamp_millis(column)
     return column.cast(target, safe=True)
 
 
-def _timestamp_micros(column: pa.Array) -> pa.Array:
+def _timestamp_millis(column: pa.Array) -> pa.Array:
     if pa.types.is_timestamp(column.type):
-        return column.cast(pa.timestamp("us", tz=column.type.tz), safe=True).cast(pa.int64())
+        return column.cast(pa.timestamp("ms", tz=column.type.tz), safe=False).cast(pa.int64())
     if pa.types.is_string(column.type):
         numeric = pc.match_substring_regex(column, r"^-?[0-9]+$")
         as_int = pc.if_else(numeric, column, pa.scalar(None, pa.string())).cast(pa.int64())
-        as_time = pc.if_else(numeric, pa.scalar(None, pa.string()), column).cast(pa.timestamp("us")).cast(pa.int64())
+        as_time = pc.if_else(numeric, pa.scalar(None, pa.string()), column).cast(pa.timestamp("us"))
+        as_time = as_time.cast(pa.timestamp("ms"), safe=False).cast(pa.int64())
         return pc.coalesce(as_int, as_time)
     return column.cast(pa.int64(), safe=True)
 
