@@ -73,10 +73,15 @@ class TableSpec:
         raise KeyError(f"table {self.table_id} has no column {name!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Cell:
     value: object
     ts: int
+
+    def __init__(self, value: object, ts: int) -> None:
+        # Filling __dict__ at once: a frozen dataclass's own __init__ sets each field through object.__setattr__,
+        # several times slower, and the write path builds cells by the million.
+        self.__dict__.update(value=value, ts=ts)
 
     @property
     def is_deletion(self) -> bool:
@@ -123,7 +128,7 @@ class CellMap(Mapping[str, Cell]):
         return f"CellMap({self._cells!r})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Row:
     token: int
     key: tuple
@@ -132,10 +137,16 @@ class Row:
     cells: Mapping[str, Cell] = field(default_factory=CellMap)
     view_ts: int | None = None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", tuple(self.key))
-        if not isinstance(self.cells, CellMap):
-            object.__setattr__(self, "cells", CellMap(self.cells))
+    def __init__(self, token: int, key: tuple, marker_ts: int | None = None, tomb_ts: int | None = None,
+                 cells: Mapping[str, Cell] | None = None, view_ts: int | None = None) -> None:
+        self.__dict__.update(  # at once, as Cell does
+            token=token,
+            key=key if type(key) is tuple else tuple(key),
+            marker_ts=marker_ts,
+            tomb_ts=tomb_ts,
+            cells=cells if type(cells) is CellMap else CellMap(cells),
+            view_ts=view_ts,
+        )
 
 
 def value_order_key(value: object) -> tuple:
