@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,6 +40,7 @@ from .upsert import (
     conformed,
     physical_table_name,
     replace_sql,
+    rows_per_statement,
     ts_column_name,
     upsert_sql,
     value_column_name,
@@ -188,7 +190,7 @@ class PhysicalTable:
         self.regular_columns = {column.name: column for column in spec.regular}
         self.table = self._build_table(spec)
         self.key_columns = [self.table.c.token] + [self.table.c[value_column_name(c.name)] for c in spec.key_columns]
-        self._upsert_sql: dict[bool, str] = {}
+        self._upsert_sql: dict[tuple[bool, int], str] = {}
         self._replace_sql: dict[bool, str] = {}
 
     @staticmethod
@@ -259,10 +261,10 @@ class PhysicalTable:
         )
         return params
 
-    def upsert_sql(self, sqlite: bool) -> str:
-        sql = self._upsert_sql.get(sqlite)
+    def upsert_sql(self, sqlite: bool, rows: int = 1) -> str:
+        sql = self._upsert_sql.get((sqlite, rows))
         if sql is None:
-            sql = self._upsert_sql[sqlite] = upsert_sql(self.spec, sqlite)
+            sql = self._upsert_sql[(sqlite, rows)] = upsert_sql(self.spec, sqlite, rows)
         return sql
 
     def replace_sql(self, sqlite: bool) -> str:
@@ -560,8 +562,18 @@ class NodeStore:
     def _run_upsert(self, physical: PhysicalTable, params: list[tuple], sqlite: bool) -> int:
         if not params:
             return 0
+        per_statement = rows_per_statement(physical.spec, sqlite)
+        whole = len(params) // per_statement * per_statement
+        grouped = [tuple(chain.from_iterable(params[start:start + per_statement]))
+                   for start in range(0, whole, per_statement)] if per_statement > 1 else []
+        single = params[whole:] if per_statement > 1 else params
+        changed = 0
         with self._write_transaction() as conn:
-            return max(conn.exec_driver_sql(physical.upsert_sql(sqlite), params).rowcount, 0)
+            if grouped:
+                changed += max(conn.exec_driver_sql(physical.upsert_sql(sqlite, per_statement), grouped).rowcount, 0)
+            if single:
+                changed += max(conn.exec_driver_sql(physical.upsert_sql(sqlite), single).rowcount, 0)
+        return changed
 
     @staticmethod
     def _merged(previous: Row | None, mutation: Row) -> Row | None:

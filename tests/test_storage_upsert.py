@@ -107,3 +107,19 @@ def test_the_statement_binds_one_placeholder_per_column_for_each_driver():
     columns = 1 + 1 + 2 * len(REGULAR) + 5
     assert upsert_sql(spec, sqlite=True).count("?") == columns
     assert upsert_sql(spec, sqlite=False).count("%s") == columns
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=st.lists(mutations(), min_size=60, max_size=200))
+def test_many_mutations_with_repeated_keys_in_one_batch_apply_in_order(store, history):
+    """Past `rows_per_statement`, SQLite takes several mutations per statement: a key repeated inside one
+    statement must still merge as if applied one by one."""
+    in_sql, in_python = fresh_table(store), fresh_table(store)
+    try:
+        by_sql = store.apply_columns(in_sql.table_id, mutation_table(in_sql, history))
+        by_python = store.apply(in_python.table_id, history, python_merge).changed
+        assert by_sql == by_python
+        assert stored(store, in_sql) == stored(store, in_python)
+    finally:
+        store.drop_table(in_sql.table_id)
+        store.drop_table(in_python.table_id)
