@@ -202,6 +202,7 @@ def arrow_params(spec: TableSpec, mutations: pa.Table, sqlite: bool) -> list[tup
 
 def rows_of_mutations(spec: TableSpec, mutations: pa.Table) -> list[Row]:
     """The mutations of a mutation-layout table as Rows (for the merge in Python of a table with views)."""
+    mutations = conformed(spec, mutations)
     tokens = mutations.column("token").to_pylist()
     keys = list(zip(*(mutations.column(value_column_name(c.name)).to_pylist() for c in spec.key_columns)))
     regular = [(c.name, mutations.column(value_column_name(c.name)).to_pylist(),
@@ -229,11 +230,17 @@ def mutation_table(spec: TableSpec, rows: list[Row]) -> pa.Table:
 
 
 def conformed(spec: TableSpec, mutations: pa.Table) -> pa.Table:
-    """The mutations with exactly the columns and types of `mutation_schema(spec)` (ValueError naming a problem)."""
+    """The mutations with exactly the columns and types of `mutation_schema(spec)` (ValueError naming a problem).
+
+    A regular column the mutations lack (they were built with an older version of the table) is not written by
+    them: its value and timestamp columns are added as NULLs. Columns the table does not have are dropped."""
     schema = mutation_schema(spec)
+    regular = {name for c in spec.regular for name in (value_column_name(c.name), ts_column_name(c.name))}
     missing = [name for name in schema.names if name not in mutations.column_names]
-    if missing:
-        raise ValueError(f"mutations of table {spec.table_id} lack columns {missing}")
+    if any(name not in regular for name in missing):
+        raise ValueError(f"mutations of table {spec.table_id} lack columns {[n for n in missing if n not in regular]}")
+    for name in missing:
+        mutations = mutations.append_column(name, pa.nulls(mutations.num_rows, schema.field(name).type))
     try:
         return mutations.select(schema.names).cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as error:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import uuid
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.cells import Cell, ColumnSpec, Row, TableSpec
-from storage.upsert import mutation_table, rows_of_mutations, upsert_sql
+from storage.upsert import conformed, mutation_table, rows_of_mutations, upsert_sql
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
@@ -123,3 +124,13 @@ def test_many_mutations_with_repeated_keys_in_one_batch_apply_in_order(store, hi
     finally:
         store.drop_table(in_sql.table_id)
         store.drop_table(in_python.table_id)
+
+
+def test_mutations_built_before_a_column_was_added_leave_it_unwritten():
+    old = TableSpec("0" * 32, (ColumnSpec("p", "text"),), (), (ColumnSpec("i", "int"),))
+    new = TableSpec("0" * 32, (ColumnSpec("p", "text"),), (), (ColumnSpec("i", "int"), ColumnSpec("t", "text")))
+    built = mutation_table(old, [Row(1, ("a",), 5, None, {"i": Cell(7, 5)})])
+    [row] = rows_of_mutations(new, built)
+    assert (row.key, row.marker_ts, dict(row.cells)) == (("a",), 5, {"i": Cell(7, 5)})
+    with pytest.raises(ValueError, match=r"lack columns \['c_p'\]"):
+        conformed(new, built.drop_columns(["c_p"]))
