@@ -81,8 +81,17 @@ def worker():
 
 
 def call(executor, *args):
+    """executor.work(*args) on a thread of its own: its answer, or the error it raised (a call still waiting
+    when the test ends gets Unavailable from the closing executor), lands in `result`."""
     result = {}
-    thread = threading.Thread(target=lambda: result.update(answer=executor.work(*args, timeout=WAIT)), daemon=True)
+
+    def work():
+        try:
+            result["answer"] = executor.work(*args, timeout=WAIT)
+        except Exception as error:  # noqa: BLE001 - kept for the test to look at
+            result["error"] = error
+
+    thread = threading.Thread(target=work, daemon=True)
     thread.start()
     return thread, result
 
