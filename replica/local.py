@@ -83,7 +83,8 @@ class LocalData:
                 result = ApplyResult(self.tables.apply_columns(context.table, batch.columns), ())
             else:
                 derive = self._queue_view_updates(context, queued) if context.views else None
-                result = self.tables.apply(context.table, self._rows(context.table, batch), derive)
+                result = self.tables.apply(context.table, self._rows(context.table, batch), derive,
+                                           typed=batch.columns is not None)
         self._injections.hit("write.replica.after_apply")
         self._metrics.rows_applied.labels("base").inc(result.changed)
         if result.outbox_ids:

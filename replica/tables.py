@@ -47,10 +47,10 @@ class LocalTables:
                 self.store.drop_table(table_id)
                 self._ensured.discard(table_id)
 
-    def apply(self, table: Table, rows: list[Row], derive: Derive | None = None) -> ApplyResult:
+    def apply(self, table: Table, rows: list[Row], derive: Derive | None = None, typed: bool = False) -> ApplyResult:
         """Merge rows into `table` (see NodeStore.apply); NotFound when the table was dropped meanwhile."""
         try:
-            return self.store.apply(table.id, rows, derive)
+            return self.store.apply(table.id, rows, derive, typed)
         except KeyError:
             if self.store.has_table(table.id):
                 raise

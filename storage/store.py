@@ -511,17 +511,19 @@ class NodeStore:
 
     # --- writes -----------------------------------------------------------------------------------------
 
-    def apply(self, table_id: str, mutations: Sequence[Row], derive: Derive | None = None) -> ApplyResult:
+    def apply(self, table_id: str, mutations: Sequence[Row], derive: Derive | None = None,
+              typed: bool = False) -> ApplyResult:
         """Merge a batch of mutations into the table in one transaction, with the derived outbox entries.
 
         `derive(changes)` is called once with the (previous_or_None, merged) pair of every mutation that changed
         the stored state, in order; it runs inside the write transaction (it must not write to this store) and
         an exception rolls back the whole batch. Without `derive` (a table without views) the batch is merged
         set-based by one SQL upsert (storage.upsert); with it, the stored rows are fetched in one query and
-        merged here.
+        merged here. `typed` says the mutations' values already have their columns' types (rows made from
+        `storage.upsert.conformed` columns), so they are not checked again.
         """
         physical = self._physical(table_id)
-        batch = [physical.normalise(mutation) for mutation in mutations]
+        batch = list(mutations) if typed else [physical.normalise(mutation) for mutation in mutations]
         if not batch:
             return ApplyResult(0, ())
         if derive is None:
