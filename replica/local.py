@@ -6,7 +6,7 @@ write never touches protobuf. Other nodes are reached through a `ReplicaTranspor
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +21,7 @@ from coordinator.core.tokens import tablet_range
 from storage import bulk
 from storage.cells import Row
 from storage.store import ApplyResult, NodeStore
-from storage.upsert import rows_of_mutations
+from storage.upsert import conformed, rows_of_mutations
 
 from replica.inflight import InflightWrites
 from replica.rows import storage_spec
@@ -76,6 +76,7 @@ class LocalData:
             if context is None:
                 raise NotFound(f"table id {batch.table_id} does not exist on node {self.node_id} (dropped?)")
             self._injections.hit("write.replica.before_apply")
+            batch = self._conformed(context.table, batch)
             self._check_replica_of(context, batch)  # refuse a write routed with a stale tablet map
             for table in (context.table, *context.views):
                 self.tables.ensure(table)
@@ -91,6 +92,16 @@ class LocalData:
             self.outbox.deliver([QueuedViewUpdate(id, target, update)
                                  for id, (target, update) in zip(result.outbox_ids, queued, strict=True)])
         return result.changed
+
+    @staticmethod
+    def _conformed(table: Table, batch: RowBatch) -> RowBatch:
+        """The batch with its columns (if any) in the table's mutation layout; INVALID_ARGUMENT if they cannot be."""
+        if batch.columns is None:
+            return batch
+        try:
+            return replace(batch, columns=conformed(storage_spec(table), batch.columns))
+        except ValueError as error:
+            raise InvalidArgument(str(error)) from None
 
     def _check_replica_of(self, context: WriteContext, batch: RowBatch) -> None:
         if batch.columns is None:

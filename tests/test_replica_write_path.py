@@ -1,13 +1,15 @@
 """Unit tests of the write path without processes: routing to tablet replicas, local vs remote, view updates."""
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from common.replica_messages import RowBatch
-from coordinator.core.errors import NotFound, Unavailable
+from coordinator.core.errors import InvalidArgument, NotFound, Unavailable
 from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN
-from replica.rows import delete_row, upsert_row
+from replica.rows import delete_row, storage_spec, upsert_row
 from replica.write_path import route, write_failure
+from storage.upsert import mutation_table
 from tests.replica_fakes import InProcessCluster, cluster_state
 
 TS = 1_000
@@ -105,6 +107,50 @@ def test_a_replica_refuses_rows_of_tablets_it_does_not_hold(cluster):
     table, row = next((t, r) for t, r in base_rows(schema, 40)
                       if "n1" not in {x.node for x in schema.replicas_of(schema.table_id, r.token)})
     batch = RowBatch(table.id, 0, (row,), schema.state.schema_version)
+    with pytest.raises(Unavailable, match="not a replica of the tablet"):
+        cluster.nodes["n1"].local.apply_base_write(batch)
+
+
+# ----------------------------------------------------------------- columnar writes
+
+
+def columns_of(schema, mutations) -> pa.Table:
+    return mutation_table(storage_spec(schema.table), [row for _, row in mutations])
+
+
+@pytest.mark.parametrize("cluster", [{"rf": 2, "tablets": 8}, {"rf": 2, "tablets": 8, "with_view": True}],
+                         indirect=True, ids=["no-view", "view"])
+def test_a_columnar_write_leaves_every_replica_as_the_row_write_does(cluster, tmp_path):
+    schema = cluster.schema
+    mutations = base_rows(schema, 60)
+    cluster.nodes["n2"].writer.write_columns(schema.table, columns_of(schema, mutations), TS)
+    twin = InProcessCluster(tmp_path / "twin", schema)
+    try:
+        twin.nodes["n2"].writer.write(mutations, TS)
+        tables = [schema.table_id] + ([schema.view_id] if schema.view_id else [])
+        if schema.view_id:
+            assert sum(len(n.store.scan(schema.view_id, MIN_TOKEN, MAX_TOKEN)) for n in cluster.nodes.values()) == 120
+        for node_id, node in cluster.nodes.items():
+            assert stored_keys(node, schema.table_id), node_id
+            for table_id in tables:
+                assert node.store.scan(table_id, MIN_TOKEN, MAX_TOKEN) == \
+                    twin.nodes[node_id].store.scan(table_id, MIN_TOKEN, MAX_TOKEN), (node_id, table_id)
+        calls = cluster.network.calls_of("replica_write")
+        assert calls and all(c.message.columns is not None and not c.message.rows for c in calls)
+    finally:
+        twin.close()
+
+
+def test_a_replica_refuses_columns_that_do_not_fit_the_table_or_tablets_it_does_not_hold(cluster):
+    schema = cluster.schema
+    mutations = base_rows(schema, 40)
+    columns = columns_of(schema, mutations)
+    batch = RowBatch(schema.table_id, 0, (), schema.state.schema_version, columns=columns.drop_columns(["c_key"]))
+    with pytest.raises(InvalidArgument, match=r"lack columns \['c_key'\]"):
+        cluster.nodes["n1"].local.apply_base_write(batch)
+    foreign = [i for i, (_, row) in enumerate(mutations)
+               if "n1" not in {x.node for x in schema.replicas_of(schema.table_id, row.token)}]
+    batch = RowBatch(schema.table_id, 0, (), schema.state.schema_version, columns=columns.take(foreign))
     with pytest.raises(Unavailable, match="not a replica of the tablet"):
         cluster.nodes["n1"].local.apply_base_write(batch)
 
