@@ -120,8 +120,9 @@ class Node:
         self.build_job = BuildJob(self.node_id, self.store, self.spark, self.group0.read,
                                   lambda version: self.wait_schema_applied(version, SCHEMA_WAIT_TIMEOUT),
                                   self._merge_view_rows, self.injections)
+        self._parallel_batches = max(2, config.shards)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
-                                     self.build_job, max_parallel=max(2, config.shards))
+                                     self.build_job, max_parallel=self._parallel_batches)
         self._work_calls = futures.ThreadPoolExecutor(max_workers=WORK_CALL_THREADS, thread_name_prefix="work-call")
         self.view_building = ViewBuildingLoop(
             group0=self.group0, term=lambda: self.group0.term, is_leader=lambda: self.group0.is_leader,
@@ -140,6 +141,7 @@ class Node:
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.group0.start()
         self.view_building.start()
+        bulk.prestart_children(self.store, self._parallel_batches)
         if self.config.metrics_addr:
             self._start_metrics(self.config.metrics_addr)
         for target, name in ((self._join, "join"), (self._watch_schema, "schema-watch"),

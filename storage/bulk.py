@@ -236,6 +236,16 @@ class _ChildPool:
             raise value
         return value
 
+    def prestart(self, count: int) -> None:
+        """Keep `count` children idle from now on and start the missing ones (they import in the background), so
+        the first calls in flight at once do not each wait for a new process."""
+        with self._lock:
+            self._keep_idle = max(self._keep_idle, count)
+            for child in [c for c in self._idle if not c.alive()]:
+                self._idle.remove(child)
+                child.close()
+            self._idle.extend(_Child() for _ in range(count - len(self._idle)))
+
     def _take(self) -> _Child:
         with self._lock:
             while self._idle:
@@ -304,6 +314,13 @@ def _serve() -> None:
 
 _SQLITE_CHILDREN = _ChildPool(SQLITE_IDLE_CHILDREN)
 atexit.register(_SQLITE_CHILDREN.shutdown)
+
+
+def prestart_children(store: NodeStore, count: int) -> None:
+    """Start `count` idle child processes for a SQLite store's data plane now (PostgreSQL's work runs in the
+    calling thread: nothing to start); a node calls it at start with the number of batches it runs at once."""
+    if store.url.get_backend_name() == "sqlite":
+        _SQLITE_CHILDREN.prestart(count)
 
 
 def shutdown() -> None:

@@ -220,6 +220,28 @@ def test_a_dead_child_process_is_replaced(tmp_path):
         assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
 
 
+def test_prestarted_children_serve_the_first_calls_and_a_dead_one_is_replaced(tmp_path):
+    """A node starts its data plane's children at start: the first reads find them idle, none is started then."""
+    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
+        spec = new_table(store)
+        store.apply(spec.table_id, [Row(1, ("a", 1.0, 1), marker_ts=1)])
+        bulk.shutdown()
+        try:
+            bulk.prestart_children(store, 3)
+            prestarted = list(bulk._SQLITE_CHILDREN._idle)
+            assert len(prestarted) == 3 and all(child.alive() for child in prestarted)
+            prestarted[0]._process.kill()
+            prestarted[0]._process.wait()
+            bulk.prestart_children(store, 3)
+            ready = list(bulk._SQLITE_CHILDREN._idle)
+            assert len(ready) == 3 and prestarted[0] not in ready
+            assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+            assert set(bulk._SQLITE_CHILDREN._idle) == set(ready)  # the read used an idle child, started none
+        finally:
+            bulk.shutdown()
+            bulk._SQLITE_CHILDREN._keep_idle = bulk.SQLITE_IDLE_CHILDREN
+
+
 # --- merging ------------------------------------------------------------------------------------------
 
 
