@@ -205,13 +205,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200, help="INSERTs per BATCH text / value sets per execution")
     parser.add_argument("--arrow-batch", type=int, default=5_000, help="rows per Arrow execution and per load batch")
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--raft-n", type=int, default=1000, help="Raft commands for the latency figure")
+    parser.add_argument("--raft-n", type=int, default=1000, help="Raft commands for the latency figure (0: skip it)")
+    parser.add_argument("--configs", default=",".join(f"{n}/{rf}/{v}" for n, rf, v in CONFIGS),
+                        help="nodes/rf/views of each cluster to measure, comma separated (default: all four)")
     args = parser.parse_args()
+    configs = [tuple(int(part) for part in config.split("/")) for config in args.configs.split(",")]
 
     rows = make_rows(args.rows)
     print(f"write path: {args.rows:,} rows; text/prepared: {args.batch} per execution, arrow/load: "
           f"{args.arrow_batch} per execution; {args.clients} concurrent clients (load: one process)")
-    for nodes, rf, views in CONFIGS:
+    for nodes, rf, views in configs:
         ours, latencies = cluster_rates(nodes, rf, views, rows, args.batch, args.arrow_batch, args.clients)
         small = sqlite_baseline(rows, args.batch, bool(views))
         large = sqlite_baseline(rows, args.arrow_batch, bool(views))
@@ -228,6 +231,8 @@ def main() -> None:
             p50, p99 = statistics.median(latencies), statistics.quantiles(latencies, n=100)[98]
             print(f"  single-row prepared INSERT: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms")
 
+    if args.raft_n <= 0:
+        return
     report = measure_commit_latency(args.raft_n, baseline_n=50)
     print(f"\nreplicated Raft command, 3 members on loopback ({report['mode']}), group0 settings vs pysyncobj "
           "defaults:")

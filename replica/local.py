@@ -20,7 +20,7 @@ from coordinator.core.schema import Table
 from coordinator.core.tokens import tablet_range
 from storage import bulk
 from storage.cells import Row
-from storage.store import ApplyResult, NodeStore
+from storage.store import NodeStore
 from storage.upsert import conformed, rows_of_mutations
 
 from replica.inflight import InflightWrites
@@ -29,6 +29,7 @@ from replica.outbox import QueuedViewUpdate, ViewUpdateOutbox, grouped_updates
 from replica.outbox_payload import encode_payload
 from replica.tables import LocalTables
 from replica.transport import ReplicaTransport
+from replica.view_columns import columnar_views_supported, view_updates_of_states
 from replica.view_updates import WriteContext, pair_index, view_updates, write_context
 
 
@@ -80,8 +81,9 @@ class LocalData:
             self._check_replica_of(context, batch)  # refuse a write routed with a stale tablet map
             for table in (context.table, *context.views):
                 self.tables.ensure(table)
-            if batch.columns is not None and not context.views:
-                result = ApplyResult(self.tables.apply_columns(context.table, batch.columns), ())
+            if batch.columns is not None and columnar_views_supported(context):
+                derive = self._queue_view_columns(context, queued) if context.views else None
+                result = self.tables.apply_columns(context.table, batch.columns, derive)
             else:
                 derive = self._queue_view_updates(context, queued) if context.views else None
                 result = self.tables.apply(context.table, self._rows(context.table, batch), derive,
@@ -129,6 +131,16 @@ class LocalData:
 
         return derive
 
+    def _queue_view_columns(self, context: WriteContext, queued: list[tuple[str, RowBatch]]):
+        """The store's columnar `derive`: the view mutations of the changed rows' states, computed in bulk
+        (replica.view_columns), one outbox entry per (view replica, view, shard), also kept in `queued`."""
+        def derive(before: pa.Table, after: pa.Table) -> list[tuple[str, bytes]]:
+            groups = view_updates_of_states(context, self.node_id, before, after)
+            queued.extend(groups)
+            return [(target, encode_payload(update)) for target, update in groups]
+
+        return derive
+
     # ------------------------------------------------------------ view updates
 
     def apply_view_update(self, batch: RowBatch) -> int:
@@ -139,7 +151,10 @@ class LocalData:
         if view is None:
             return 0  # the view was dropped meanwhile: its updates are moot
         self.tables.ensure(view)
-        changed = self.tables.apply(view, list(batch.rows)).changed
+        if batch.columns is not None:
+            changed = self.tables.apply_columns(view, batch.columns).changed
+        else:
+            changed = self.tables.apply(view, list(batch.rows)).changed
         self._metrics.rows_applied.labels("view").inc(changed)
         return changed
 

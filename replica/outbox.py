@@ -7,6 +7,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from common.metrics import NodeMetrics
 from common.replica_messages import RowBatch
 from coordinator.core.errors import CoreError
@@ -56,7 +58,7 @@ class ViewUpdateOutbox:
         claimed = self._claim(updates)
         try:
             groups = _grouped(claimed).items()
-            return {target for (target, _, _), group in groups if not self._deliver_group(target, group)}
+            return {key[0] for key, group in groups if not self._deliver_group(key[0], group)}
         finally:
             self._release(claimed)
 
@@ -118,11 +120,16 @@ class ViewUpdateOutbox:
             self._delivering.difference_update(u.id for u in updates)
 
 
-def _grouped(updates: list[QueuedViewUpdate]) -> dict[tuple[str, str, int], list[QueuedViewUpdate]]:
+def _grouped(updates: list[QueuedViewUpdate]) -> dict[tuple, list[QueuedViewUpdate]]:
     groups: dict = defaultdict(list)
     for update in updates:
-        groups[(update.target, update.batch.table_id, update.batch.shard)].append(update)
+        groups[(update.target, *_joinable(update.batch))].append(update)
     return groups
+
+
+def _joinable(batch: RowBatch) -> tuple:
+    """What batches must share to be sent as one: view, shard and form (rows, or columns of one schema)."""
+    return batch.table_id, batch.shard, None if batch.columns is None else batch.columns.schema
 
 
 def _merged_batch(group: list[QueuedViewUpdate]) -> RowBatch:
@@ -132,13 +139,14 @@ def _merged_batch(group: list[QueuedViewUpdate]) -> RowBatch:
 
 def _joined(batches: list[RowBatch]) -> RowBatch:
     first = batches[0]
+    columns = None if first.columns is None else pa.concat_tables([b.columns for b in batches])
     return RowBatch(table_id=first.table_id, shard=first.shard, rows=tuple(row for b in batches for row in b.rows),
-                    schema_version=max(b.schema_version for b in batches))
+                    schema_version=max(b.schema_version for b in batches), columns=columns)
 
 
 def grouped_updates(updates: list[tuple[str, RowBatch]]) -> list[tuple[str, RowBatch]]:
     """View updates joined per (target node, view, shard), each group's rows in their order (first seen first)."""
-    groups: dict[tuple[str, str, int], list[RowBatch]] = defaultdict(list)
+    groups: dict[tuple, list[RowBatch]] = defaultdict(list)
     for target, batch in updates:
-        groups[(target, batch.table_id, batch.shard)].append(batch)
-    return [(target, _joined(batches)) for (target, _, _), batches in groups.items()]
+        groups[(target, *_joinable(batch))].append(batch)
+    return [(key[0], _joined(batches)) for key, batches in groups.items()]

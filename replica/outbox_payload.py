@@ -1,20 +1,23 @@
 """The stored form of one outbox entry: a view-update RowBatch as versioned JSON (see docs/outbox.md).
 
-Version 2 (written now) is a UTF-8 JSON object; version 1 (written before) is a serialized protobuf
-`vbc.v1.MutationBatch`. A payload that does not start with `{` is version 1 and is read by the decoder the
+Version 2 (written for a batch of rows) and version 3 (written for a batch of Arrow columns, as an IPC stream in
+base64) are ASCII JSON objects; version 1 (written before) is a serialized protobuf `vbc.v1.MutationBatch`. A payload that does not start with `{` is version 1 and is read by the decoder the
 node passes in (`read_version_1`), so this package stays free of protobuf.
 """
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import struct
 from collections.abc import Callable
 
+from common.arrow_stream import ipc_pieces, table_from_pieces
 from common.replica_messages import RowBatch
 from storage.cells import Cell, Row
 
 FORMAT_VERSION = 2
+COLUMNS_FORMAT_VERSION = 3
 _DOUBLE = "double"
 _BLOB = "blob"
 
@@ -25,13 +28,16 @@ class UnreadablePayload(ValueError):
 
 def encode_payload(batch: RowBatch) -> bytes:
     document = {
-        "version": FORMAT_VERSION,
+        "version": FORMAT_VERSION if batch.columns is None else COLUMNS_FORMAT_VERSION,
         "table_id": batch.table_id,
         "shard": batch.shard,
         "schema_version": batch.schema_version,
         "timestamp": batch.timestamp,
-        "rows": [_encode_row(row) for row in batch.rows],
     }
+    if batch.columns is None:
+        document["rows"] = [_encode_row(row) for row in batch.rows]
+    else:
+        document["columns"] = base64.b64encode(b"".join(ipc_pieces(batch.columns))).decode("ascii")
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
@@ -43,11 +49,23 @@ def decode_payload(payload: bytes, read_version_1: Callable[[bytes], RowBatch] |
         return read_version_1(payload)
     document = json.loads(payload)
     version = document.get("version")
-    if version != FORMAT_VERSION:
-        raise UnreadablePayload(f"outbox payload of format version {version!r}; this node reads 1 and 2")
-    return RowBatch(table_id=document["table_id"], shard=document["shard"],
-                    rows=tuple(_decode_row(row) for row in document["rows"]),
-                    schema_version=document["schema_version"], timestamp=document.get("timestamp", 0))
+    if version not in (FORMAT_VERSION, COLUMNS_FORMAT_VERSION):
+        raise UnreadablePayload(f"outbox payload of format version {version!r}; this node reads 1, 2 and 3")
+    rows, columns = (), None
+    if version == FORMAT_VERSION:
+        rows = tuple(_decode_row(row) for row in document["rows"])
+    else:
+        columns = _decode_columns(document["columns"])
+    return RowBatch(table_id=document["table_id"], shard=document["shard"], rows=rows,
+                    schema_version=document["schema_version"], timestamp=document.get("timestamp", 0),
+                    columns=columns)
+
+
+def _decode_columns(encoded: str):
+    try:
+        return table_from_pieces([base64.b64decode(encoded, validate=True)])
+    except (ValueError, binascii.Error) as error:
+        raise UnreadablePayload(f"outbox payload of format version 3 with unreadable columns: {error}") from None
 
 
 def _encode_row(row: Row) -> dict:

@@ -10,7 +10,7 @@ from common.replica_messages import ScanPage, ScannedRow, ScanRequest
 from coordinator.core.errors import InvalidArgument, NotFound
 from coordinator.core.schema import Table
 from storage.cells import Row
-from storage.store import ApplyResult, Derive, NodeStore
+from storage.store import ApplyResult, Derive, DeriveStates, NodeStore
 
 from replica.rows import storage_spec, visible_row
 
@@ -56,10 +56,11 @@ class LocalTables:
                 raise
             raise NotFound(f"{table.qualified_name} was dropped while this write was running") from None
 
-    def apply_columns(self, table: Table, mutations: pa.Table) -> int:
-        """Merge mutation-layout columns into a table without views (see NodeStore.apply_columns)."""
+    def apply_columns(self, table: Table, mutations: pa.Table, derive: DeriveStates | None = None) -> ApplyResult:
+        """Merge mutation-layout columns into `table` (see NodeStore.apply_columns); NotFound when the table was
+        dropped meanwhile, INVALID_ARGUMENT when the columns do not fit it."""
         try:
-            return self.store.apply_columns(table.id, mutations)
+            return self.store.apply_columns(table.id, mutations, derive)
         except KeyError:
             if self.store.has_table(table.id):
                 raise

@@ -162,6 +162,21 @@ def mutation_schema(spec: TableSpec) -> pa.Schema:
     return pa.schema(fields + [pa.field(name, pa.int64()) for name in MUTATION_STATE_COLUMNS])
 
 
+def state_schema(spec: TableSpec) -> pa.Schema:
+    """The Arrow schema of stored row states: the mutation layout (every column nullable, so a missing row is
+    all NULL) plus the row's `view_ts`."""
+    fields = [field.with_nullable(True) for field in mutation_schema(spec)]
+    return pa.schema(fields + [pa.field("view_ts", pa.int64())])
+
+
+def state_table(spec: TableSpec, rows: list[tuple]) -> pa.Table:
+    """Stored row states, each a tuple of values in `state_schema` order (None for every value of a missing row)."""
+    schema = state_schema(spec)
+    columns = list(zip(*rows)) if rows else [()] * len(schema)
+    return pa.Table.from_arrays([pa.array(values, field.type) for values, field in zip(columns, schema)],
+                                schema=schema)
+
+
 def _stamp_columns(spec: TableSpec, mutations: pa.Table) -> list:
     return [mutations.column(ts_column_name(c.name)) for c in spec.regular] + \
         [mutations.column(name) for name in MUTATION_STATE_COLUMNS]

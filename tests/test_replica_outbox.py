@@ -111,8 +111,10 @@ def test_a_version_1_entry_is_read_with_the_reader_the_node_passes_in():
 
 
 def test_an_entry_of_an_unknown_version_is_refused():
-    with pytest.raises(UnreadablePayload, match="version 3"):
-        decode_payload(b'{"version":3,"rows":[]}')
+    with pytest.raises(UnreadablePayload, match="version 4"):
+        decode_payload(b'{"version":4,"rows":[]}')
+    with pytest.raises(UnreadablePayload, match="unreadable columns"):
+        decode_payload(b'{"version":3,"table_id":"t","shard":0,"schema_version":1,"columns":"bm90IGFycm93"}')
     with pytest.raises(UnreadablePayload, match="unknown tagged value"):
         decode_value({"decimal": "1.0"})
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.cells import Cell, ColumnSpec, Row, TableSpec
-from storage.upsert import conformed, mutation_table, rows_of_mutations, upsert_sql
+from storage.upsert import conformed, mutation_table, rows_of_mutations, state_schema, upsert_sql
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
@@ -74,7 +74,7 @@ def test_the_sql_upsert_leaves_what_the_python_merge_leaves(store, history, batc
         for start in range(0, len(history), batch):
             chunk = history[start:start + batch]
             by_sql = store.apply(in_sql.table_id, chunk).changed
-            by_arrow = store.apply_columns(in_arrow.table_id, mutation_table(in_arrow, chunk))
+            by_arrow = store.apply_columns(in_arrow.table_id, mutation_table(in_arrow, chunk)).changed
             by_python = store.apply(in_python.table_id, chunk, python_merge).changed
             assert by_sql == by_arrow == by_python, chunk
         assert stored(store, in_sql) == stored(store, in_arrow) == stored(store, in_python)
@@ -117,7 +117,7 @@ def test_many_mutations_with_repeated_keys_in_one_batch_apply_in_order(store, hi
     statement must still merge as if applied one by one."""
     in_sql, in_python = fresh_table(store), fresh_table(store)
     try:
-        by_sql = store.apply_columns(in_sql.table_id, mutation_table(in_sql, history))
+        by_sql = store.apply_columns(in_sql.table_id, mutation_table(in_sql, history)).changed
         by_python = store.apply(in_python.table_id, history, python_merge).changed
         assert by_sql == by_python
         assert stored(store, in_sql) == stored(store, in_python)
@@ -134,3 +134,60 @@ def test_mutations_built_before_a_column_was_added_leave_it_unwritten():
     assert (row.key, row.marker_ts, dict(row.cells)) == (("a",), 5, {"i": Cell(7, 5)})
     with pytest.raises(ValueError, match=r"lack columns \['c_p'\]"):
         conformed(new, built.drop_columns(["c_p"]))
+
+
+def state_of(spec: TableSpec, row: Row | None) -> tuple:
+    """A stored row as a tuple in `storage.upsert.state_schema` order; all None for a missing row."""
+    if row is None:
+        return (None,) * (1 + len(spec.key_columns) + 2 * len(spec.regular) + 3)
+    values = [row.token, *row.key]
+    for column in spec.regular:
+        cell = row.cells.get(column.name)
+        values += [None, None] if cell is None else [cell.value, cell.ts]
+    return tuple(values + [row.marker_ts, row.tomb_ts, row.view_ts])
+
+
+def comparable_state(state: tuple) -> tuple:
+    return tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in state)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=st.lists(mutations(), min_size=1, max_size=12), batch=st.integers(1, 6), nan_key=st.booleans())
+def test_the_columnar_derive_sees_each_changed_row_once_before_and_after(store, history, batch, nan_key):
+    """`apply_columns(derive=...)` hands over, for every row the batch changed, its state before the batch and after
+    it (found by a join with the batch's keys, a double key holding NaN included); unchanged rows are left out."""
+    spec = TableSpec(uuid.uuid4().hex, (ColumnSpec("p", "text"),), (ColumnSpec("c", "double"),), REGULAR)
+    store.ensure_table(spec)
+    keys = {("a", 1): ("a", math.nan if nan_key else 1.0), ("a", 2): ("a", 2.0), ("b", 1): ("b", -0.0)}
+    history = [Row(m.token, keys[m.key], m.marker_ts, m.tomb_ts, m.cells) for m in history]
+    seen = []
+
+    def derive(before, after):
+        seen.append((before.to_pylist(), after.to_pylist()))
+        return []
+
+    def states() -> dict:
+        rows = store.scan(spec.table_id, MIN_TOKEN, MAX_TOKEN, include_tombstones=True)
+        return {comparable_state((r.token, *r.key)): comparable_state(state_of(spec, r)) for r in rows}
+
+    names = state_schema(spec).names
+    try:
+        for start in range(0, len(history), batch):
+            old, seen[:] = states(), []
+            result = store.apply_columns(spec.table_id, mutation_table(spec, history[start:start + batch]), derive)
+            new = states()
+            changed = {key for key in new if old.get(key) != new[key]}
+            if not result.changed:
+                assert not seen and not changed
+                continue
+            [(before, after)] = seen
+            by_key = {}
+            for was, now in zip(before, after):
+                state = comparable_state(tuple(now[n] for n in names))
+                by_key[state[:3]] = (comparable_state(tuple(was[n] for n in names)), state)
+            assert set(by_key) == changed
+            for key, (was, now) in by_key.items():
+                assert now == new[key]
+                assert was == old.get(key, comparable_state(state_of(spec, None)))
+    finally:
+        store.drop_table(spec.table_id)

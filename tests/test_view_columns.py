@@ -1,0 +1,145 @@
+"""Property tests: the bulk (Arrow) view updates of a columnar base write equal the row-by-row ones exactly."""
+from __future__ import annotations
+
+import math
+import struct
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coordinator.core.schema import Column, Filter, Replica, Table, ViewDef
+from replica.rows import partition_token, storage_spec
+from replica.view_columns import columnar_views_supported, view_updates_of_states
+from replica.view_updates import WriteContext, view_updates
+from storage.cells import Cell, Row
+from storage.upsert import rows_of_mutations, state_table
+
+NODES = ("n1", "n2", "n3")
+BASE_ID, VIEW_ID = "b" * 32, "a" * 32
+SMALL = {
+    "int": st.sampled_from([-2 ** 31, -1, 0, 1, 7, 2 ** 31 - 1]),
+    "bigint": st.sampled_from([-2 ** 63, -1, 0, 1, 7, 2 ** 63 - 1]),
+    "double": st.sampled_from([-math.inf, -1.5, -0.0, 0.0, 1.5, math.inf, math.nan]),
+    "text": st.sampled_from(["", "a", "b", "é", "日本", "\U0001f600", "a\x00b"]),
+    "boolean": st.booleans(),
+}
+REGULAR = (Column("a", "double"), Column("b", "text"), Column("c", "int"), Column("d", "boolean"),
+           Column("e", "bigint"))
+OPS = ("IS NOT NULL", "IN", "=", "!=", "<", "<=", ">", ">=")
+
+
+@st.composite
+def base_tables(draw) -> Table:
+    pk_type = draw(st.sampled_from(sorted(SMALL)))
+    columns = (Column("pk", pk_type), Column("ck", "int")) + REGULAR
+    return Table(BASE_ID, "ks", "base", columns, ("pk",), ("ck",))
+
+
+@st.composite
+def terms(draw, base: Table) -> Filter:
+    column = draw(st.sampled_from(base.columns))
+    op = draw(st.sampled_from(OPS))
+    if op == "IS NOT NULL":
+        return Filter(column.name, op, None)
+    if op == "IN":
+        return Filter(column.name, op, tuple(draw(st.lists(SMALL[column.type], min_size=1, max_size=3))))
+    return Filter(column.name, op, draw(SMALL[column.type]))
+
+
+@st.composite
+def views(draw, base: Table) -> Table:
+    extra = draw(st.sampled_from([None, "a", "b", "c", "d", "e"]))
+    view_pk = ((extra,) if extra else ()) + ("pk", "ck")
+    partition = view_pk[:draw(st.integers(1, len(view_pk)))]
+    is_index = draw(st.booleans())
+    columns = tuple(c for c in base.columns if not is_index or c.name in view_pk)
+    where = tuple(draw(st.lists(terms(base), max_size=2 if draw(st.booleans()) else 0)))
+    return Table(VIEW_ID, "ks", "view", columns, partition, view_pk[len(partition):],
+                 ViewDef(BASE_ID, where, is_index))
+
+
+def replica_lists(tablets: int, shards: int) -> tuple:
+    return tuple(tuple(Replica(NODES[(t + i) % 3], (t + i) % shards) for i in range(3)) for t in range(tablets))
+
+
+@st.composite
+def states(draw, base: Table, key: dict, view_ts: int | None) -> Row | None:
+    """A stored row state of `key`: any marker, tombstone and cells, timestamps in a small range (ties)."""
+    if view_ts is None and draw(st.booleans()):
+        return None
+    stamp = st.integers(1, 4)
+    cells = {}
+    for column in REGULAR:
+        ts = draw(st.one_of(stamp, stamp, st.none()))
+        if ts is not None:
+            cells[column.name] = Cell(draw(st.one_of(SMALL[column.type], SMALL[column.type], st.none())), ts)
+    marker, tomb = draw(st.one_of(stamp, stamp, st.none())), draw(st.one_of(st.none(), st.none(), stamp))
+    return Row(partition_token(base, key), (key["pk"], key["ck"]), marker, tomb, cells,
+               view_ts if view_ts is not None else draw(stamp))
+
+
+@st.composite
+def changes(draw):
+    base = draw(base_tables())
+    view = draw(views(base))
+    keys = draw(st.lists(st.tuples(SMALL[base.column_type("pk")], st.integers(0, 3)), min_size=1, max_size=12,
+                         unique_by=lambda k: (struct.pack(">d", k[0]) if isinstance(k[0], float) else k[0], k[1])))
+    pairs = []
+    for pk, ck in keys:
+        key = {"pk": pk, "ck": ck}
+        old = draw(states(base, key, None))
+        new = draw(states(base, key, (old.view_ts if old else 0) + draw(st.integers(1, 3))))
+        pairs.append((old, new))
+    context = WriteContext(7, base, (view,), replica_lists(draw(st.sampled_from([1, 2, 4])), 2),
+                           {VIEW_ID: replica_lists(draw(st.sampled_from([1, 2, 8])), 2)})
+    return context, draw(st.sampled_from(NODES)), pairs
+
+
+def state_tuple(base: Table, row: Row | None) -> tuple:
+    """A Row as `storage.upsert.state_schema` values (all None for a missing row)."""
+    width = 1 + len(base.primary_key) + 2 * len(base.regular_columns) + 3
+    if row is None:
+        return (None,) * width
+    values = [row.token, *row.key]
+    for column in base.regular_columns:
+        cell = row.cells.get(column.name)
+        values += [None, None] if cell is None else [cell.value, cell.ts]
+    return tuple(values + [row.marker_ts, row.tomb_ts, row.view_ts])
+
+
+def canonical(value: object) -> object:
+    if isinstance(value, float):
+        return ("double", "NaN" if math.isnan(value) else struct.pack(">d", value))
+    return (type(value).__name__, value)
+
+
+def row_form(target: str, shard: int, table_id: str, row: Row) -> tuple:
+    cells = tuple(sorted((name, canonical(cell.value), cell.ts) for name, cell in row.cells.items()))
+    return (target, shard, table_id, row.token, tuple(canonical(v) for v in row.key), row.marker_ts, row.tomb_ts,
+            cells)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(changes())
+def test_bulk_view_updates_equal_the_row_by_row_ones(change):
+    context, node_id, pairs = change
+    assert columnar_views_supported(context)
+    expected = sorted((row_form(target, batch.shard, batch.table_id, batch.rows[0])
+                       for old, new in pairs for target, batch in view_updates(context, node_id, old, new)), key=repr)
+    spec = storage_spec(context.table)
+    before = state_table(spec, [state_tuple(context.table, old) for old, _ in pairs])
+    after = state_table(spec, [state_tuple(context.table, new) for _, new in pairs])
+    got = []
+    for target, batch in view_updates_of_states(context, node_id, before, after):
+        assert not batch.rows and batch.schema_version == 7
+        view = next(v for v in context.views if v.id == batch.table_id)
+        got += [row_form(target, batch.shard, batch.table_id, row)
+                for row in rows_of_mutations(storage_spec(view), batch.columns)]
+    assert sorted(got, key=repr) == expected
+
+
+def test_a_where_term_without_an_exact_arrow_counterpart_sends_the_write_down_the_row_path():
+    base = Table(BASE_ID, "ks", "base", (Column("pk", "int"),) + REGULAR, ("pk",), ())
+    view = Table(VIEW_ID, "ks", "view", base.columns, ("pk",), (), ViewDef(BASE_ID, (Filter("c", "=", 2 ** 70),)))
+    context = WriteContext(1, base, (view,), replica_lists(1, 1), {VIEW_ID: replica_lists(1, 1)})
+    assert not columnar_views_supported(context)
