@@ -62,7 +62,8 @@ def test_ddl_from_any_node_is_visible_on_all(cluster):
     for tablet in maps[0]:
         assert len({r.split(":")[0] for r in tablet["replicas"]}) == 3
     view = next(v for v in client.status(addr(cluster, "n2"))["views"] if v["name"] == "ddl.mv")
-    assert view["base"] == "ddl.t" and view["state"] == "BUILDING" and view["tasks_total"] == 12
+    # a view over an empty table may already be built here: its 12 tasks need no scan
+    assert view["base"] == "ddl.t" and view["state"] in ("BUILDING", "BUILT") and view["tasks_total"] == 12
     assert set(view["hosts"]) == {"n1", "n2", "n3"}
 
 
