@@ -58,7 +58,7 @@ class ViewUpdateOutbox:
         claimed = self._claim(updates)
         try:
             groups = _grouped(claimed).items()
-            return {key[0] for key, group in groups if not self._deliver_group(key[0], group)}
+            return {target for (target, *_), group in groups if not self._deliver_group(target, group)}
         finally:
             self._release(claimed)
 
@@ -149,4 +149,4 @@ def grouped_updates(updates: list[tuple[str, RowBatch]]) -> list[tuple[str, RowB
     groups: dict[tuple, list[RowBatch]] = defaultdict(list)
     for target, batch in updates:
         groups[(target, *_joinable(batch))].append(batch)
-    return [(key[0], _joined(batches)) for key, batches in groups.items()]
+    return [(target, _joined(batches)) for (target, *_), batches in groups.items()]

@@ -1,8 +1,9 @@
 """The stored form of one outbox entry: a view-update RowBatch as versioned JSON (see docs/outbox.md).
 
 Version 2 (written for a batch of rows) and version 3 (written for a batch of Arrow columns, as an IPC stream in
-base64) are ASCII JSON objects; version 1 (written before) is a serialized protobuf `vbc.v1.MutationBatch`. A payload that does not start with `{` is version 1 and is read by the decoder the
-node passes in (`read_version_1`), so this package stays free of protobuf.
+base64) are ASCII JSON objects; version 1 (written before) is a serialized protobuf `vbc.v1.MutationBatch`. A
+payload that does not start with `{` is version 1 and is read by the decoder the node passes in
+(`read_version_1`), so this package stays free of protobuf.
 """
 from __future__ import annotations
 

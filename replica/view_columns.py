@@ -17,7 +17,7 @@ from common.arrow_tokens import tablets_of, tokens_of
 from common.replica_messages import RowBatch
 from coordinator.core.schema import Filter, Replica, Table
 from coordinator.core.tokens import tablet_range
-from storage.upsert import ARROW_TYPES, mutation_schema, ts_column_name, value_column_name
+from storage.upsert import MUTATION_TYPES, mutation_schema, ts_column_name, value_column_name
 
 from replica.rows import storage_spec
 from replica.view_updates import WriteContext, pair_index
@@ -146,15 +146,12 @@ def _mutations(view: Table, values: dict, stamps: pa.ChunkedArray, cells: bool) 
     for name in view.primary_key:
         columns[value_column_name(name)] = values[name]
     for column in view.regular_columns:
-        columns[value_column_name(column.name)] = values[column.name] if cells else pa.nulls(count, _type(column.type))
+        no_values = pa.nulls(count, MUTATION_TYPES[column.type])
+        columns[value_column_name(column.name)] = values[column.name] if cells else no_values
         columns[ts_column_name(column.name)] = stamps if cells else pa.nulls(count, pa.int64())
     columns["marker_ts"] = stamps if cells else pa.nulls(count, pa.int64())
     columns["tomb_ts"] = pa.nulls(count, pa.int64()) if cells else stamps
     return pa.table([_array(columns[name]) for name in schema.names], schema=schema)
-
-
-def _type(column_type: str) -> pa.DataType:
-    return pa.int64() if column_type == "int" else ARROW_TYPES[column_type]
 
 
 def _array(column) -> pa.Array:

@@ -158,7 +158,8 @@ def _bindable(value: object, nan: str | None) -> object:
 
 
 def _negative_zero(cell: Cell | None) -> bool:
-    return cell is not None and isinstance(cell.value, float) and cell.value == 0.0 and math.copysign(1.0, cell.value) < 0
+    value = None if cell is None else cell.value
+    return isinstance(value, float) and value == 0.0 and math.copysign(1.0, value) < 0
 
 
 def _lookup_key(token: int, key: tuple) -> tuple:
@@ -378,7 +379,8 @@ class PhysicalTable:
         by lookup key."""
         key_end = len(self.key_columns)
         columns = list(self.table.columns)[:-2]  # up to view_ts: write_ts and tombstone follow from the rest
-        return {self._state_lookup(values[:key_end]): tuple(values) for values in self._select_keyed(conn, columns, keys)}
+        rows = self._select_keyed(conn, columns, keys)
+        return {self._state_lookup(values[:key_end]): tuple(values) for values in rows}
 
     def _state_lookup(self, key: tuple) -> tuple:
         """A dict key for a (token, *key) tuple: the tuple itself, NaN made equal to NaN where a key is a double."""

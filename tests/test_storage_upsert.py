@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from storage.cells import Cell, ColumnSpec, Row, TableSpec
 from storage.upsert import conformed, mutation_table, rows_of_mutations, state_schema, upsert_sql
+from tests.storage_states import state_tuple
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
@@ -136,17 +137,6 @@ def test_mutations_built_before_a_column_was_added_leave_it_unwritten():
         conformed(new, built.drop_columns(["c_p"]))
 
 
-def state_of(spec: TableSpec, row: Row | None) -> tuple:
-    """A stored row as a tuple in `storage.upsert.state_schema` order; all None for a missing row."""
-    if row is None:
-        return (None,) * (1 + len(spec.key_columns) + 2 * len(spec.regular) + 3)
-    values = [row.token, *row.key]
-    for column in spec.regular:
-        cell = row.cells.get(column.name)
-        values += [None, None] if cell is None else [cell.value, cell.ts]
-    return tuple(values + [row.marker_ts, row.tomb_ts, row.view_ts])
-
-
 def comparable_state(state: tuple) -> tuple:
     return tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in state)
 
@@ -168,7 +158,7 @@ def test_the_columnar_derive_sees_each_changed_row_once_before_and_after(store, 
 
     def states() -> dict:
         rows = store.scan(spec.table_id, MIN_TOKEN, MAX_TOKEN, include_tombstones=True)
-        return {comparable_state((r.token, *r.key)): comparable_state(state_of(spec, r)) for r in rows}
+        return {comparable_state((r.token, *r.key)): comparable_state(state_tuple(spec, r)) for r in rows}
 
     names = state_schema(spec).names
     try:
@@ -188,6 +178,6 @@ def test_the_columnar_derive_sees_each_changed_row_once_before_and_after(store, 
             assert set(by_key) == changed
             for key, (was, now) in by_key.items():
                 assert now == new[key]
-                assert was == old.get(key, comparable_state(state_of(spec, None)))
+                assert was == old.get(key, comparable_state(state_tuple(spec, None)))
     finally:
         store.drop_table(spec.table_id)

@@ -13,6 +13,7 @@ from replica.view_columns import columnar_views_supported, view_updates_of_state
 from replica.view_updates import WriteContext, view_updates
 from storage.cells import Cell, Row
 from storage.upsert import rows_of_mutations, state_table
+from tests.storage_states import state_tuple
 
 NODES = ("n1", "n2", "n3")
 BASE_ID, VIEW_ID = "b" * 32, "a" * 32
@@ -95,18 +96,6 @@ def changes(draw):
     return context, draw(st.sampled_from(NODES)), pairs
 
 
-def state_tuple(base: Table, row: Row | None) -> tuple:
-    """A Row as `storage.upsert.state_schema` values (all None for a missing row)."""
-    width = 1 + len(base.primary_key) + 2 * len(base.regular_columns) + 3
-    if row is None:
-        return (None,) * width
-    values = [row.token, *row.key]
-    for column in base.regular_columns:
-        cell = row.cells.get(column.name)
-        values += [None, None] if cell is None else [cell.value, cell.ts]
-    return tuple(values + [row.marker_ts, row.tomb_ts, row.view_ts])
-
-
 def canonical(value: object) -> object:
     if isinstance(value, float):
         return ("double", "NaN" if math.isnan(value) else struct.pack(">d", value))
@@ -127,8 +116,8 @@ def test_bulk_view_updates_equal_the_row_by_row_ones(change):
     expected = sorted((row_form(target, batch.shard, batch.table_id, batch.rows[0])
                        for old, new in pairs for target, batch in view_updates(context, node_id, old, new)), key=repr)
     spec = storage_spec(context.table)
-    before = state_table(spec, [state_tuple(context.table, old) for old, _ in pairs])
-    after = state_table(spec, [state_tuple(context.table, new) for _, new in pairs])
+    before = state_table(spec, [state_tuple(spec, old) for old, _ in pairs])
+    after = state_table(spec, [state_tuple(spec, new) for _, new in pairs])
     got = []
     for target, batch in view_updates_of_states(context, node_id, before, after):
         assert not batch.rows and batch.schema_version == 7
