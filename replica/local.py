@@ -203,6 +203,9 @@ class LocalData:
     def drop_dropped_tables(self) -> None:
         self.tables.drop_dropped()
 
+    def create_new_tables(self) -> None:
+        self.tables.create_new()
+
     def scan(self, request: ScanRequest) -> Iterator[ScanPage]:
         """The pages of a scan of this replica (see ScanRequest); NotFound for a table this node does not know."""
         self._injections.hit("read.replica.scan")

@@ -35,6 +35,15 @@ class LocalTables:
             self.store.ensure_table(storage_spec(table))
             self._ensured.add(table.id)
 
+    def create_new(self) -> None:
+        """Create the storage of every table and view of the schema not stored here yet, so that a table's first
+        write does not wait for its creation."""
+        for table in self._read_state(lambda s: list(s.tables.values())):
+            try:
+                self.ensure(table)
+            except NotFound:
+                continue  # dropped meanwhile
+
     def drop_dropped(self) -> None:
         """Drop the storage of tables the schema says were dropped (also those dropped while this node was down).
 

@@ -12,11 +12,9 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy import event
 
@@ -36,7 +34,8 @@ from .cells import (
 )
 from .upsert import (
     SQLITE_NAN,
-    arrow_params,
+    UpsertBindings,
+    arrow_bindings,
     conformed,
     physical_table_name,
     quote,
@@ -214,7 +213,7 @@ class PhysicalTable:
         self._double_key = any(c.type == "double" for c in spec.key_columns)
         self._keys_table = sa.Table(f"keys_{physical_table_name(spec.table_id)}", sa.MetaData(),
                                     *(sa.Column(c.name, c.type) for c in self.key_columns))
-        self._upsert_sql: dict[tuple[bool, int], str] = {}
+        self._upsert_sql: dict[tuple[bool, int, tuple[int, ...]], str] = {}
         self._replace_sql: dict[bool, str] = {}
 
     @staticmethod
@@ -293,10 +292,10 @@ class PhysicalTable:
         )
         return params
 
-    def upsert_sql(self, sqlite: bool, rows: int = 1) -> str:
-        sql = self._upsert_sql.get((sqlite, rows))
+    def upsert_sql(self, sqlite: bool, rows: int = 1, constants: tuple[int, ...] = ()) -> str:
+        sql = self._upsert_sql.get((sqlite, rows, constants))
         if sql is None:
-            sql = self._upsert_sql[(sqlite, rows)] = upsert_sql(self.spec, sqlite, rows)
+            sql = self._upsert_sql[(sqlite, rows, constants)] = upsert_sql(self.spec, sqlite, rows, constants)
         return sql
 
     def replace_sql(self, sqlite: bool) -> str:
@@ -627,14 +626,13 @@ class NodeStore:
         physical = self._physical(table_id)
         sqlite = not self._is_postgres
         mutations = conformed(physical.spec, mutations)
-        mutations = mutations.take(pc.sort_indices(mutations.column("token")))  # stable: one key keeps its order
-        params = arrow_params(physical.spec, mutations, sqlite)
+        bindings = arrow_bindings(physical.spec, mutations, sqlite)
         with self._write_transaction() as conn:
             if derive is None:
-                return ApplyResult(self._run_upsert(conn, physical, params, sqlite), ())
+                return ApplyResult(self._run_upsert(conn, physical, bindings, sqlite), ())
             keys = physical.keys_of(mutations)
             before = physical.fetch_states(conn, keys)
-            changed = self._run_upsert(conn, physical, params, sqlite)
+            changed = self._run_upsert(conn, physical, bindings, sqlite)
             if not changed:
                 return ApplyResult(0, ())
             old, new = _changed_states(before, physical.fetch_states(conn, keys))
@@ -647,22 +645,21 @@ class NodeStore:
         sqlite = not self._is_postgres
         params = [physical.upsert_params(row, sqlite) for row in batch if not is_empty(row)]
         with self._write_transaction() as conn:
-            return self._run_upsert(conn, physical, params, sqlite)
+            return self._run_upsert(conn, physical, UpsertBindings.of_rows(params), sqlite)
 
     @staticmethod
-    def _run_upsert(conn: sa.Connection, physical: PhysicalTable, params: list[tuple], sqlite: bool) -> int:
-        if not params:
+    def _run_upsert(conn: sa.Connection, physical: PhysicalTable, bindings: UpsertBindings, sqlite: bool) -> int:
+        if not len(bindings):
             return 0
-        per_statement = rows_per_statement(physical.spec, sqlite)
-        whole = len(params) // per_statement * per_statement
-        grouped = [tuple(chain.from_iterable(params[start:start + per_statement]))
-                   for start in range(0, whole, per_statement)] if per_statement > 1 else []
-        single = params[whole:] if per_statement > 1 else params
+        constants = tuple(position for position, _ in bindings.constants)
+        per_statement = rows_per_statement(physical.spec, sqlite, len(constants))
+        grouped, single = bindings.statement_params(per_statement)
         changed = 0
         if grouped:
-            changed += max(conn.exec_driver_sql(physical.upsert_sql(sqlite, per_statement), grouped).rowcount, 0)
+            sql = physical.upsert_sql(sqlite, per_statement, constants)
+            changed += max(conn.exec_driver_sql(sql, grouped).rowcount, 0)
         if single:
-            changed += max(conn.exec_driver_sql(physical.upsert_sql(sqlite), single).rowcount, 0)
+            changed += max(conn.exec_driver_sql(physical.upsert_sql(sqlite, 1, constants), single).rowcount, 0)
         return changed
 
     @staticmethod

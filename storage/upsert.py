@@ -21,11 +21,14 @@ marker, tombstone or cell) must be left out by the caller: as a new row it would
 
 Mutations also travel as Arrow tables in the **mutation layout** (`mutation_schema`): `token`, `c_<k>` per key
 column, `c_<r>` and `ts_<r>` per regular column, `marker_ts`, `tomb_ts`, with the types of `MUTATION_TYPES`.
-`arrow_params` turns such a table into the bound values (empty mutations left out), `rows_of_mutations` into
+`arrow_bindings` turns such a table into the bound values (empty mutations left out), `rows_of_mutations` into
 `storage.cells.Row`s.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -121,22 +124,45 @@ def _assignments(spec: TableSpec, sqlite: bool) -> list[str]:
     ]
 
 
-def rows_per_statement(spec: TableSpec, sqlite: bool) -> int:
+def rows_per_statement(spec: TableSpec, sqlite: bool, constants: int = 0) -> int:
     """Mutations one upsert statement takes on SQLite (its VALUES rows apply one after the other, a repeated key
-    included); 1 on PostgreSQL, which refuses a statement that would update one row twice."""
-    return max(1, min(MAX_ROWS_PER_STATEMENT, MAX_BOUND_VALUES // len(upsert_columns(spec)))) if sqlite else 1
+    included), `constants` of its columns bound once for all of them; 1 on PostgreSQL, which refuses a statement
+    that would update one row twice."""
+    if not sqlite:
+        return 1
+    varying = len(upsert_columns(spec)) - constants
+    return max(1, min(MAX_ROWS_PER_STATEMENT, (MAX_BOUND_VALUES - constants) // varying))
 
 
-def upsert_sql(spec: TableSpec, sqlite: bool, rows: int = 1) -> str:
-    """The statement for `rows` mutations, with DB-API positional placeholders (`?` sqlite3, `%s` psycopg)."""
+def upsert_sql(spec: TableSpec, sqlite: bool, rows: int = 1, constants: tuple[int, ...] = ()) -> str:
+    """The statement for `rows` mutations, with DB-API positional placeholders (`?` sqlite3, `%s` psycopg).
+
+    `constants` (SQLite only): positions in `upsert_columns` whose one value serves every row of the statement.
+    The statement then numbers its parameters: each row's own values first, row after row, then the constants."""
+    return _upsert_statement(spec, sqlite, ", ".join(_values_rows(len(upsert_columns(spec)), sqlite, rows, constants)))
+
+
+def _upsert_statement(spec: TableSpec, sqlite: bool, values: str) -> str:
     columns = upsert_columns(spec)
-    one_row = "(" + ", ".join(["?" if sqlite else "%s"] * len(columns)) + ")"
-    placeholders = ", ".join([one_row] * rows)[1:-1]
     changed = " OR ".join([_newer("marker_ts"), _newer("tomb_ts")] + [_cell_wins(c, sqlite) for c in spec.regular])
     return (f"INSERT INTO {quote(physical_table_name(spec.table_id))} AS cur "
-            f"({', '.join(quote(n) for n in columns)}) VALUES ({placeholders}) "
+            f"({', '.join(quote(n) for n in columns)}) VALUES {values} "
             f"ON CONFLICT ({', '.join(quote(n) for n in key_column_names(spec))}) DO UPDATE SET "
             f"{', '.join(_assignments(spec, sqlite))} WHERE {changed}")
+
+
+def _values_rows(width: int, sqlite: bool, rows: int, constants: tuple[int, ...]) -> list[str]:
+    if not constants:
+        return ["(" + ", ".join(["?" if sqlite else "%s"] * width) + ")"] * rows
+    if not sqlite:
+        raise ValueError("constant columns are bound once per statement on SQLite only")
+    varying = [position for position in range(width) if position not in constants]
+    numbers = {position: rows * len(varying) + i + 1 for i, position in enumerate(constants)}
+    statement_rows = []
+    for row in range(rows):
+        numbers.update({position: row * len(varying) + i + 1 for i, position in enumerate(varying)})
+        statement_rows.append("(" + ", ".join(f"?{numbers[position]}" for position in range(width)) + ")")
+    return statement_rows
 
 
 def replace_sql(spec: TableSpec, sqlite: bool) -> str:
@@ -196,23 +222,85 @@ def _live(mutations: pa.Table) -> pa.ChunkedArray:
 
 def _bindable(column: pa.ChunkedArray, sqlite: bool) -> list:
     values = column.to_pylist()
-    if sqlite and pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+    if sqlite and _has_nan(column):
         values = [SQLITE_NAN if v is not None and v != v else v for v in values]
     return values
 
 
-def arrow_params(spec: TableSpec, mutations: pa.Table, sqlite: bool) -> list[tuple]:
-    """The values `upsert_sql` binds for each non-empty mutation of a mutation-layout table, in order."""
+def _has_nan(column: pa.ChunkedArray) -> bool:
+    return pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py()
+
+
+@dataclass(frozen=True)
+class UpsertBindings:
+    """What `upsert_sql` binds for a chunk of mutations, by position in `upsert_columns`: for each position of
+    `varying`, a value per mutation (`columns`, aligned with `varying`); for each (position, value) of
+    `constants`, one value that serves every mutation of the chunk."""
+
+    varying: tuple[int, ...]
+    columns: list[list]
+    constants: tuple[tuple[int, object], ...] = ()
+
+    @classmethod
+    def of_rows(cls, params: list[tuple]) -> UpsertBindings:
+        """Bindings of one tuple of values per mutation, every column varying."""
+        columns = [list(values) for values in zip(*params)]
+        return cls(tuple(range(len(columns))), columns)
+
+    def __len__(self) -> int:
+        return len(self.columns[0]) if self.columns else 0
+
+    def statement_params(self, per_statement: int) -> tuple[list[tuple], list[tuple]]:
+        """The parameters of the statements for `per_statement` mutations (each row's values then the constants),
+        and those of the one-mutation statements for the rest."""
+        matrix = np.empty((len(self), len(self.varying)), dtype=object)
+        for position, values in enumerate(self.columns):
+            matrix[:, position] = values
+        constants = tuple(value for _, value in self.constants)
+        whole = len(self) // per_statement * per_statement
+        grouped = matrix[:whole].reshape(-1, per_statement * len(self.varying)) if per_statement > 1 else matrix[:0]
+        single = matrix[whole:] if per_statement > 1 else matrix
+        return ([tuple(params) + constants for params in grouped.tolist()],
+                [tuple(params) + constants for params in single.tolist()])
+
+
+def _constant_value(column: pa.ChunkedArray) -> tuple[bool, object]:
+    """(True, the value) when every value of an integer or boolean column is the same (or NULL), else (False, None)."""
+    if column.null_count == len(column):
+        return True, None
+    if column.null_count:
+        return False, None
+    low, high = pc.min_max(column).values()
+    return (True, low.as_py()) if low.as_py() == high.as_py() else (False, None)
+
+
+def arrow_bindings(spec: TableSpec, mutations: pa.Table, sqlite: bool) -> UpsertBindings:
+    """The values `upsert_sql` binds for the non-empty mutations of a mutation-layout table, in token order (a
+    stable sort: the mutations of one key keep their order; neighbouring keys make neighbouring B-tree writes).
+    On SQLite, timestamp and state columns holding one value for the whole table (the timestamp of one
+    statement's execution, the NULL of a row tombstone nobody wrote) are bound once per statement."""
     stamp = _write_ts(spec, mutations)
     if stamp.null_count:
         keep = pc.is_valid(stamp)
         mutations, stamp = mutations.filter(keep), stamp.filter(keep)
+    order = pc.sort_indices(mutations.column("token"))
     tombstone = pc.invert(_live(mutations))
     columns = [mutations.column(name) for name in key_column_names(spec)]
     for c in spec.regular:
         columns += [mutations.column(value_column_name(c.name)), mutations.column(ts_column_name(c.name))]
     columns += [mutations.column(name) for name in MUTATION_STATE_COLUMNS] + [stamp, stamp, tombstone]
-    return list(zip(*(_bindable(column, sqlite) for column in columns)))
+    first_state = len(key_column_names(spec))
+    varying, values, constants = [], [], []
+    for position, column in enumerate(columns):
+        stamps_or_state = position >= first_state and (pa.types.is_integer(column.type)
+                                                        or pa.types.is_boolean(column.type))
+        is_constant, constant = _constant_value(column) if sqlite and stamps_or_state else (False, None)
+        if is_constant:
+            constants.append((position, constant))
+            continue
+        varying.append(position)
+        values.append(_bindable(pc.take(column, order), sqlite))
+    return UpsertBindings(tuple(varying), values, tuple(constants))
 
 
 def rows_of_mutations(spec: TableSpec, mutations: pa.Table) -> list[Row]:

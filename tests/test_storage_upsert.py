@@ -127,6 +127,42 @@ def test_many_mutations_with_repeated_keys_in_one_batch_apply_in_order(store, hi
         store.drop_table(in_python.table_id)
 
 
+def at_one_timestamp(mutation: Row, stamp: int) -> Row:
+    """The mutation as one execution of an INSERT or UPDATE writes it: every timestamp the same, no tombstone."""
+    cells = {name: Cell(cell.value, stamp) for name, cell in mutation.cells.items()}
+    return Row(mutation.token, mutation.key, stamp if mutation.marker_ts or not cells else None, None, cells)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(earlier=st.lists(mutations(), max_size=12), history=st.lists(mutations(), min_size=65, max_size=150),
+       stamp=STAMPS)
+def test_a_chunk_at_one_timestamp_binds_its_stamps_once_and_merges_like_python(store, earlier, history, stamp):
+    """Columns holding one value for the whole chunk (an execution's timestamp, no tombstone) are bound once per
+    statement; over any earlier state, with keys repeated inside a statement, the rows are still those of the
+    Python merge."""
+    chunk = [at_one_timestamp(mutation, stamp) for mutation in history]
+    in_arrow, in_python = fresh_table(store), fresh_table(store)
+    try:
+        for spec in (in_arrow, in_python):
+            store.apply(spec.table_id, earlier, python_merge)
+        by_arrow = store.apply_columns(in_arrow.table_id, mutation_table(in_arrow, chunk)).changed
+        by_python = store.apply(in_python.table_id, chunk, python_merge).changed
+        assert by_arrow == by_python
+        assert stored(store, in_arrow) == stored(store, in_python)
+    finally:
+        store.drop_table(in_arrow.table_id)
+        store.drop_table(in_python.table_id)
+
+
+def test_constant_columns_are_numbered_after_every_row_of_the_statement():
+    spec = TableSpec(uuid.uuid4().hex, (ColumnSpec("p", "text"),), (), (ColumnSpec("i", "int"),))
+    sql = upsert_sql(spec, sqlite=True, rows=2, constants=(3, 4))  # ts_i and marker_ts
+    values = sql[sql.index(" VALUES ") + len(" VALUES "):sql.index(" ON CONFLICT")]
+    assert values == "(?1, ?2, ?3, ?15, ?16, ?4, ?5, ?6, ?7), (?8, ?9, ?10, ?15, ?16, ?11, ?12, ?13, ?14)"
+    with pytest.raises(ValueError, match="SQLite only"):
+        upsert_sql(spec, sqlite=False, constants=(3,))
+
+
 def test_mutations_built_before_a_column_was_added_leave_it_unwritten():
     old = TableSpec("0" * 32, (ColumnSpec("p", "text"),), (), (ColumnSpec("i", "int"),))
     new = TableSpec("0" * 32, (ColumnSpec("p", "text"),), (), (ColumnSpec("i", "int"), ColumnSpec("t", "text")))
