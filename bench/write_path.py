@@ -1,7 +1,8 @@
 """Write-path benchmark: rows/s through a real cluster vs. SQLite and PostgreSQL inserts of the same rows, single-row
 latency, and Raft commit latency.
 
-Run: `make bench` or `.venv/bin/python bench/write_path.py [--rows N] [--batch B] [--arrow-batch A] [--clients C]`.
+Run: `make bench` or `.venv/bin/python bench/write_path.py [--rows N] [--batch B] [--arrow-batch A] [--clients C]
+[--repeat R]`.
 For 1 node RF 1 and 3 nodes RF 3, each with 0 and 1 materialized view, rows/s of four ways to write the same rows:
 `text` (BEGIN BATCH statement text of B INSERTs), `prepared` (one prepared INSERT, B value sets per execution),
 `arrow` (the prepared INSERT with A value sets as one Arrow IPC stream), `load` (`vbc load` of a Parquet file, A
@@ -9,7 +10,9 @@ rows per execution, its checking pass included). text/prepared/arrow run C concu
 nodes; load is one process. Baselines, same rows, same run: SQLite `executemany` (WAL, one transaction per B or A
 rows) and, when PostgreSQL 15 is installed, psycopg `executemany` and `COPY` (a table with the same primary key,
 and one secondary index for the 1-view rows). Ratios are ours / SQLite `executemany` with the same rows per
-transaction: absolute times are noisy.
+transaction: absolute times are noisy. Each of R runs per method (default 5, each into a fresh table) is paired with a
+SQLite `executemany` run of the same rows made just before it, and the median of the R ratios is printed (with the
+medians of both rates), so neither a stall of the machine nor a method's first-use costs decides a figure.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -140,9 +144,24 @@ def method_rate(method: str, addresses: list[str], table: str, rows: list[tuple]
     return len(rows) / _run_clients(work, addresses, clients)
 
 
+@dataclass(frozen=True)
+class Paired:
+    """Medians over the runs of one method: our rows/s, SQLite's rows/s in the run just before, and their ratio."""
+
+    ours: float
+    sqlite: float
+    ratio: float
+
+    @classmethod
+    def of(cls, runs: list[tuple[float, float]]) -> Paired:
+        return cls(statistics.median(o for o, _ in runs), statistics.median(b for _, b in runs),
+                   statistics.median(o / b for o, b in runs))
+
+
 def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int, arrow_batch: int,
-                  clients: int) -> tuple[dict[str, float], list[float] | None]:
-    """Rows/s per method through one fresh cluster (a table per method), and single-row INSERT latencies (s)."""
+                  clients: int, repeat: int) -> tuple[dict[str, Paired], list[float] | None]:
+    """Per method, `repeat` runs through one fresh cluster (a table per run), each paired with a SQLite baseline run
+    just before it; and single-row INSERT latencies (s)."""
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         cluster = start_cluster(tmp / "cluster", nodes=nodes, die_with_parent=True)
@@ -150,13 +169,17 @@ def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int
             addresses = [n["grpc"] for n in cluster["nodes"]]
             client.execute(addresses[0], f"CREATE KEYSPACE bench WITH replication = {{'rf': {rf}}} "
                                          "AND tablets = {'initial': 8}")
-            rates = {}
-            for method in METHODS:
-                table = f"bench.t_{method}"
+
+            def run_once(method: str, run: int) -> tuple[float, float]:
+                table = f"bench.t_{method}_{run}"
                 create_table(addresses[0], table, views)
-                rates[method] = method_rate(method, addresses, table, rows, batch, arrow_batch, clients, tmp)
+                baseline = sqlite_baseline(rows, batch if method in ("text", "prepared") else arrow_batch, bool(views))
+                rate = method_rate(method, addresses, table, rows, batch, arrow_batch, clients, tmp)
                 written = client.query(addresses[0], f"SELECT COUNT(*) FROM {table}")[0]["count"]
                 assert written == len(rows), f"{method}: expected {len(rows)} rows, found {written}"
+                return rate, baseline
+
+            rates = {method: Paired.of([run_once(method, run) for run in range(repeat)]) for method in METHODS}
             latencies = single_row_latencies(addresses[0], views) if nodes == 3 else None
             return rates, latencies
         finally:
@@ -205,6 +228,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200, help="INSERTs per BATCH text / value sets per execution")
     parser.add_argument("--arrow-batch", type=int, default=5_000, help="rows per Arrow execution and per load batch")
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=5, help="runs per method; medians are printed")
     parser.add_argument("--raft-n", type=int, default=1000, help="Raft commands for the latency figure (0: skip it)")
     parser.add_argument("--configs", default=",".join(f"{n}/{rf}/{v}" for n, rf, v in CONFIGS),
                         help="nodes/rf/views of each cluster to measure, comma separated (default: all four)")
@@ -213,20 +237,20 @@ def main() -> None:
 
     rows = make_rows(args.rows)
     print(f"write path: {args.rows:,} rows; text/prepared: {args.batch} per execution, arrow/load: "
-          f"{args.arrow_batch} per execution; {args.clients} concurrent clients (load: one process)")
+          f"{args.arrow_batch} per execution; {args.clients} concurrent clients (load: one process); "
+          f"medians of {args.repeat} runs, each paired with a SQLite executemany run of the same rows")
     for nodes, rf, views in configs:
-        ours, latencies = cluster_rates(nodes, rf, views, rows, args.batch, args.arrow_batch, args.clients)
-        small = sqlite_baseline(rows, args.batch, bool(views))
-        large = sqlite_baseline(rows, args.arrow_batch, bool(views))
+        ours, latencies = cluster_rates(nodes, rf, views, rows, args.batch, args.arrow_batch, args.clients,
+                                        args.repeat)
         pg = postgres_baselines(rows, args.batch, bool(views))
-        print(f"\n{nodes} node{'s' if nodes > 1 else ''} RF {rf}, {views} view{'s' if views != 1 else ''}: SQLite "
-              f"executemany {small:,.0f} rows/s ({args.batch}/txn), {large:,.0f} rows/s ({args.arrow_batch}/txn)"
-              + (f"; PostgreSQL executemany {pg['executemany']:,.0f}, COPY {pg['copy']:,.0f} rows/s "
-                 f"({args.batch}/txn)" if pg else "; PostgreSQL not installed"))
+        print(f"\n{nodes} node{'s' if nodes > 1 else ''} RF {rf}, {views} view{'s' if views != 1 else ''}: "
+              + (f"PostgreSQL executemany {pg['executemany']:,.0f}, COPY {pg['copy']:,.0f} rows/s ({args.batch}/txn)"
+                 if pg else "PostgreSQL not installed"))
         for method in METHODS:
-            baseline = small if method in ("text", "prepared") else large
-            ratio = ours[method] / baseline
-            print(f"  {method:<9} {ours[method]:>10,.0f} rows/s   ratio to SQLite executemany {ratio:.3f}")
+            paired = ours[method]
+            per_txn = args.batch if method in ("text", "prepared") else args.arrow_batch
+            print(f"  {method:<9} {paired.ours:>10,.0f} rows/s   SQLite executemany {paired.sqlite:>10,.0f} rows/s "
+                  f"({per_txn}/txn)   ratio {paired.ratio:.3f}")
         if latencies:
             p50, p99 = statistics.median(latencies), statistics.quantiles(latencies, n=100)[98]
             print(f"  single-row prepared INSERT: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms")

@@ -298,6 +298,17 @@ class PhysicalTable:
             sql = self._upsert_sql[(sqlite, rows, constants)] = upsert_sql(self.spec, sqlite, rows, constants)
         return sql
 
+    def upsert_statements(self, bindings: UpsertBindings, sqlite: bool) -> list[tuple[str, list[tuple]]]:
+        """The (statement, parameter sets) that upsert `bindings`: as many mutations per statement as it takes,
+        then the rest one per statement (prepared before the write transaction, which they keep short)."""
+        if not len(bindings):
+            return []
+        constants = tuple(position for position, _ in bindings.constants)
+        per_statement = rows_per_statement(self.spec, sqlite, len(constants))
+        grouped, single = bindings.statement_params(per_statement)
+        statements = [(self.upsert_sql(sqlite, per_statement, constants), grouped)] if grouped else []
+        return statements + ([(self.upsert_sql(sqlite, 1, constants), single)] if single else [])
+
     def replace_sql(self, sqlite: bool) -> str:
         sql = self._replace_sql.get(sqlite)
         if sql is None:
@@ -626,13 +637,13 @@ class NodeStore:
         physical = self._physical(table_id)
         sqlite = not self._is_postgres
         mutations = conformed(physical.spec, mutations)
-        bindings = arrow_bindings(physical.spec, mutations, sqlite)
+        statements = physical.upsert_statements(arrow_bindings(physical.spec, mutations, sqlite), sqlite)
         with self._write_transaction() as conn:
             if derive is None:
-                return ApplyResult(self._run_upsert(conn, physical, bindings, sqlite), ())
+                return ApplyResult(self._run_statements(conn, statements), ())
             keys = physical.keys_of(mutations)
             before = physical.fetch_states(conn, keys)
-            changed = self._run_upsert(conn, physical, bindings, sqlite)
+            changed = self._run_statements(conn, statements)
             if not changed:
                 return ApplyResult(0, ())
             old, new = _changed_states(before, physical.fetch_states(conn, keys))
@@ -644,23 +655,14 @@ class NodeStore:
         """Merge the batch set-based (storage.upsert), in one transaction; the number of mutations that changed it."""
         sqlite = not self._is_postgres
         params = [physical.upsert_params(row, sqlite) for row in batch if not is_empty(row)]
+        statements = physical.upsert_statements(UpsertBindings.of_rows(params), sqlite)
         with self._write_transaction() as conn:
-            return self._run_upsert(conn, physical, UpsertBindings.of_rows(params), sqlite)
+            return self._run_statements(conn, statements)
 
     @staticmethod
-    def _run_upsert(conn: sa.Connection, physical: PhysicalTable, bindings: UpsertBindings, sqlite: bool) -> int:
-        if not len(bindings):
-            return 0
-        constants = tuple(position for position, _ in bindings.constants)
-        per_statement = rows_per_statement(physical.spec, sqlite, len(constants))
-        grouped, single = bindings.statement_params(per_statement)
-        changed = 0
-        if grouped:
-            sql = physical.upsert_sql(sqlite, per_statement, constants)
-            changed += max(conn.exec_driver_sql(sql, grouped).rowcount, 0)
-        if single:
-            changed += max(conn.exec_driver_sql(physical.upsert_sql(sqlite, 1, constants), single).rowcount, 0)
-        return changed
+    def _run_statements(conn: sa.Connection, statements: list[tuple[str, list[tuple]]]) -> int:
+        """Execute each (statement, parameter sets); the number of rows they changed."""
+        return sum(max(conn.exec_driver_sql(sql, params).rowcount, 0) for sql, params in statements)
 
     @staticmethod
     def _merged(previous: Row | None, mutation: Row) -> Row | None:

@@ -338,6 +338,8 @@ def conformed(spec: TableSpec, mutations: pa.Table) -> pa.Table:
     A regular column the mutations lack (they were built with an older version of the table) is not written by
     them: its value and timestamp columns are added as NULLs. Columns the table does not have are dropped."""
     schema = mutation_schema(spec)
+    if mutations.schema.equals(schema):
+        return mutations
     regular = {name for c in spec.regular for name in (value_column_name(c.name), ts_column_name(c.name))}
     missing = [name for name in schema.names if name not in mutations.column_names]
     if any(name not in regular for name in missing):
