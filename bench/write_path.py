@@ -12,11 +12,14 @@ rows) and, when PostgreSQL 15 is installed, psycopg `executemany` and `COPY` (a 
 and one secondary index for the 1-view rows). Ratios are ours / SQLite `executemany` with the same rows per
 transaction: absolute times are noisy. Each of R runs per method (default 5, each into a fresh table) is paired with a
 SQLite `executemany` run of the same rows made just before it, and the median of the R ratios is printed (with the
-medians of both rates), so neither a stall of the machine nor a method's first-use costs decides a figure.
+medians of both rates), so neither a stall of the machine nor a method's first-use costs decides a figure. Every
+run starts after `os.sync()` and after the cluster has sent its view updates: an fsync of the baseline (a WAL
+checkpoint) otherwise waits for the writeback of the cluster's earlier writes (measured: 40% fewer rows/s).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sqlite3
 import statistics
@@ -173,10 +176,13 @@ def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int
             def run_once(method: str, run: int) -> tuple[float, float]:
                 table = f"bench.t_{method}_{run}"
                 create_table(addresses[0], table, views)
+                os.sync()
                 baseline = sqlite_baseline(rows, batch if method in ("text", "prepared") else arrow_batch, bool(views))
+                os.sync()
                 rate = method_rate(method, addresses, table, rows, batch, arrow_batch, clients, tmp)
                 written = client.query(addresses[0], f"SELECT COUNT(*) FROM {table}")[0]["count"]
                 assert written == len(rows), f"{method}: expected {len(rows)} rows, found {written}"
+                wait_for_view_updates(addresses)
                 return rate, baseline
 
             rates = {method: Paired.of([run_once(method, run) for run in range(repeat)]) for method in METHODS}
@@ -184,6 +190,16 @@ def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int
             return rates, latencies
         finally:
             stop_cluster(tmp / "cluster")
+
+
+def wait_for_view_updates(addresses: list[str], timeout: float = 300.0) -> None:
+    """Return once no node has view updates left to send, so the next run (and its baseline) does not share the
+    machine with this one's view maintenance."""
+    deadline = time.monotonic() + timeout
+    while any(node["pending_view_updates"] for node in client.status(addresses)["nodes"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"view updates still pending after {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def single_row_latencies(address: str, views: int, count: int = 500) -> list[float]:
