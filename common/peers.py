@@ -30,22 +30,37 @@ class Peers:
     def __init__(self, resolve: Callable[[str], str | None]):
         self._resolve = resolve
         self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, rpc.InternodeStub] = {}
         self._lock = threading.Lock()
 
     def channel(self, node_id: str) -> grpc.Channel:
+        address = self._address(node_id)
+        with self._lock:
+            return self._channel_at(address)
+
+    def internode(self, node_id: str) -> rpc.InternodeStub:
+        """The node's Internode stub (cached: making one registers every method with the channel, ~25 µs)."""
+        address = self._address(node_id)
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                stub = self._stubs[address] = rpc.InternodeStub(self._channel_at(address))
+            return stub
+
+    def _address(self, node_id: str) -> str:
         address = self._resolve(node_id)
         if address is None:
             raise Unavailable(f"node {node_id!r} is not a member of the cluster")
-        with self._lock:
-            if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-            return self._channels[address]
+        return address
 
-    def internode(self, node_id: str) -> rpc.InternodeStub:
-        return rpc.InternodeStub(self.channel(node_id))
+    def _channel_at(self, address: str) -> grpc.Channel:
+        if address not in self._channels:
+            self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return self._channels[address]
 
     def close(self) -> None:
         with self._lock:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+            self._stubs.clear()
