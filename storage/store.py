@@ -638,9 +638,9 @@ class NodeStore:
         sqlite = not self._is_postgres
         mutations = conformed(physical.spec, mutations)
         statements = physical.upsert_statements(arrow_bindings(physical.spec, mutations, sqlite), sqlite)
+        if derive is None:
+            return ApplyResult(self._upsert_statements(statements), ())
         with self._write_transaction() as conn:
-            if derive is None:
-                return ApplyResult(self._run_statements(conn, statements), ())
             keys = physical.keys_of(mutations)
             before = physical.fetch_states(conn, keys)
             changed = self._run_statements(conn, statements)
@@ -655,9 +655,41 @@ class NodeStore:
         """Merge the batch set-based (storage.upsert), in one transaction; the number of mutations that changed it."""
         sqlite = not self._is_postgres
         params = [physical.upsert_params(row, sqlite) for row in batch if not is_empty(row)]
-        statements = physical.upsert_statements(UpsertBindings.of_rows(params), sqlite)
-        with self._write_transaction() as conn:
-            return self._run_statements(conn, statements)
+        return self._upsert_statements(physical.upsert_statements(UpsertBindings.of_rows(params), sqlite))
+
+    def _upsert_statements(self, statements: list[tuple[str, list[tuple]]]) -> int:
+        """Run upsert statements in one write transaction; the number of rows they changed."""
+        if not statements:
+            return 0
+        if self._is_postgres:
+            with self._write_transaction() as conn:
+                return self._run_statements(conn, statements)
+        with self._sqlite_write_cursor() as cursor:
+            changed = 0
+            for sql, params in statements:
+                cursor.executemany(sql, params)
+                changed += max(cursor.rowcount, 0)
+            return changed
+
+    @contextmanager
+    def _sqlite_write_cursor(self) -> Iterator:
+        """A cursor of the SQLite writer connection inside `BEGIN IMMEDIATE` ... `COMMIT`, under the writer lock:
+        `_write_transaction` without SQLAlchemy's work around a transaction (measured: a one-row `apply` took
+        144 µs with it, 63 µs with this)."""
+        with self._write_lock:
+            connection = self._write_engine.raw_connection()
+            try:
+                cursor = connection.cursor()
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    yield cursor
+                    cursor.execute("COMMIT")
+                except BaseException:
+                    if connection.driver_connection.in_transaction:
+                        cursor.execute("ROLLBACK")
+                    raise
+            finally:
+                connection.close()
 
     @staticmethod
     def _run_statements(conn: sa.Connection, statements: list[tuple[str, list[tuple]]]) -> int:
