@@ -29,6 +29,7 @@ CHANNEL_OPTIONS = [
 ]
 
 _channels: dict[str, grpc.Channel] = {}
+_client_stubs: dict[str, pb_grpc.ClientStub] = {}
 _channels_lock = threading.Lock()
 
 
@@ -42,11 +43,14 @@ class ClusterFileError(Exception):
 def connect(addr: str) -> grpc.Channel:
     """An insecure channel to `addr` (HOST:PORT), cached per address for the life of the process."""
     with _channels_lock:
-        channel = _channels.get(addr)
-        if channel is None:
-            channel = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
-            _channels[addr] = channel
-        return channel
+        return _cached_channel(addr)
+
+
+def _cached_channel(addr: str) -> grpc.Channel:
+    channel = _channels.get(addr)
+    if channel is None:
+        channel = _channels[addr] = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+    return channel
 
 
 def close_all() -> None:
@@ -54,12 +58,18 @@ def close_all() -> None:
     with _channels_lock:
         channels = list(_channels.values())
         _channels.clear()
+        _client_stubs.clear()
     for channel in channels:
         channel.close()
 
 
 def client_stub(addr: str) -> pb_grpc.ClientStub:
-    return pb_grpc.ClientStub(connect(addr))
+    """The Client stub of `addr`, cached with its channel (making one registers every method, ~12 µs)."""
+    with _channels_lock:
+        stub = _client_stubs.get(addr)
+        if stub is None:
+            stub = _client_stubs[addr] = pb_grpc.ClientStub(_cached_channel(addr))
+        return stub
 
 
 def admin_stub(addr: str) -> pb_grpc.AdminStub:
