@@ -1,4 +1,5 @@
-"""This node's stored tables: created on first use, dropped after the schema drops them, merged into and scanned."""
+"""This node's stored tables: created with the schema (or on first use), dropped after the schema drops them,
+merged into and scanned."""
 from __future__ import annotations
 
 import threading
