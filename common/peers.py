@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_time_ms", 10_000),  # the node's server accepts a ping every 5 s (node.wiring.SERVER_OPTIONS)
+    ("grpc.http2.max_pings_without_data", 0),  # keep pinging over a health watch that has nothing to send
     ("grpc.enable_retries", 0),
 ]
 WATCH_RETRY_SECONDS = 1.0

@@ -52,6 +52,14 @@ log = logging.getLogger("node.wiring")
 DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
 GRPC_WORKERS = 48
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # Peers ping every 10 s (common.peers) on connections whose only call may be a health watch with nothing
+    # to send; gRPC's default (one ping per 5 minutes without data) answers that with GOAWAY "too_many_pings",
+    # which fails every call in flight on the connection.
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+]
 MAX_CLOCK_SKEW_MICROS = 500_000
 WORK_CALL_TIMEOUT = 120.0  # one WorkOnViewBuildingTasks call; a longer batch is answered "still running", re-sent
 SCHEMA_WAIT_TIMEOUT = 60.0  # a batch waits this long for writes begun under an older schema
@@ -176,8 +184,7 @@ class Node:
 
     def _build_server(self) -> grpc.Server:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
-                             options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                                      ("grpc.max_send_message_length", 64 * 1024 * 1024)])
+                             options=SERVER_OPTIONS)
         rpc.add_ClientServicer_to_server(ClientService(self.executor, self.metrics.statement_errors), server)
         self._admin = AdminService(AdminDeps(
             node_id=self.node_id, read_state=self.group0.read, raft_status=self.group0.status,

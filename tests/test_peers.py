@@ -8,7 +8,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from common.peers import UNREACHABLE, Peers
+from common.peers import CHANNEL_OPTIONS, UNREACHABLE, Peers
+from node.wiring import SERVER_OPTIONS
 from tests.cluster_harness import wait_until
 
 
@@ -51,3 +52,10 @@ def test_the_health_watch_follows_the_peer_until_the_channel_closes(peer):
     finally:
         peers.close()
     wait_until(lambda: not watch_threads(address), 10, "the watch thread to end after close")
+
+
+def test_a_node_accepts_the_keepalive_pings_of_its_peers():
+    """A peer's connection stays open (the health watch) with nothing to send; a node that took its 10 s pings
+    for abuse would answer GOAWAY "too_many_pings" and fail every call in flight on the connection."""
+    accepted = dict(SERVER_OPTIONS)["grpc.http2.min_ping_interval_without_data_ms"]
+    assert accepted <= dict(CHANNEL_OPTIONS)["grpc.keepalive_time_ms"]
