@@ -215,6 +215,7 @@ class PhysicalTable:
                                     *(sa.Column(c.name, c.type) for c in self.key_columns))
         self._upsert_sql: dict[tuple[bool, int, tuple[int, ...]], str] = {}
         self._replace_sql: dict[bool, str] = {}
+        self._rows_per_statement: dict[tuple[bool, int], int] = {}
 
     @staticmethod
     def _build_table(spec: TableSpec) -> sa.Table:
@@ -304,7 +305,10 @@ class PhysicalTable:
         if not len(bindings):
             return []
         constants = tuple(position for position, _ in bindings.constants)
-        per_statement = rows_per_statement(self.spec, sqlite, len(constants))
+        per_statement = self._rows_per_statement.get((sqlite, len(constants)))
+        if per_statement is None:
+            per_statement = self._rows_per_statement[(sqlite, len(constants))] = \
+                rows_per_statement(self.spec, sqlite, len(constants))
         grouped, single = bindings.statement_params(per_statement)
         statements = [(self.upsert_sql(sqlite, per_statement, constants), grouped)] if grouped else []
         return statements + ([(self.upsert_sql(sqlite, 1, constants), single)] if single else [])

@@ -253,13 +253,15 @@ class UpsertBindings:
     def statement_params(self, per_statement: int) -> tuple[list[tuple], list[tuple]]:
         """The parameters of the statements for `per_statement` mutations (each row's values then the constants),
         and those of the one-mutation statements for the rest."""
+        constants = tuple(value for _, value in self.constants)
+        if len(self) < per_statement or per_statement == 1:
+            return [], [values + constants for values in zip(*self.columns)]
         matrix = np.empty((len(self), len(self.varying)), dtype=object)
         for position, values in enumerate(self.columns):
             matrix[:, position] = values
-        constants = tuple(value for _, value in self.constants)
         whole = len(self) // per_statement * per_statement
-        grouped = matrix[:whole].reshape(-1, per_statement * len(self.varying)) if per_statement > 1 else matrix[:0]
-        single = matrix[whole:] if per_statement > 1 else matrix
+        grouped = matrix[:whole].reshape(-1, per_statement * len(self.varying))
+        single = matrix[whole:]
         return ([tuple(params) + constants for params in grouped.tolist()],
                 [tuple(params) + constants for params in single.tolist()])
 
