@@ -2,6 +2,7 @@
 
 from .ast import (
     AlterKeyspace,
+    AlterTable,
     Batch,
     BindMarker,
     ColumnDef,
@@ -38,6 +39,7 @@ __all__ = [
     "Relation",
     "CreateKeyspace",
     "AlterKeyspace",
+    "AlterTable",
     "CreateTable",
     "CreateView",
     "CreateIndex",

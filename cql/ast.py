@@ -24,6 +24,7 @@ __all__ = [
     "CreateKeyspace",
     "AlterKeyspace",
     "CreateTable",
+    "AlterTable",
     "CreateView",
     "CreateIndex",
     "Insert",
@@ -164,6 +165,14 @@ class DropKeyspace:
 
 
 @dataclass(frozen=True)
+class AlterTable:
+    """ALTER TABLE ... ADD: regular columns appended to a base table."""
+
+    table: QualifiedName
+    add: tuple[ColumnDef, ...]
+
+
+@dataclass(frozen=True)
 class DropTable:
     table: QualifiedName
     if_exists: bool
@@ -185,6 +194,7 @@ Statement = (
     CreateKeyspace
     | AlterKeyspace
     | CreateTable
+    | AlterTable
     | CreateView
     | CreateIndex
     | Insert

@@ -6,6 +6,7 @@ import uuid
 from common.injection import Injections
 from coordinator.core.commands import (
     AlterKeyspace,
+    AlterTable,
     ColumnSpec,
     Command,
     CreateIndex,
@@ -64,6 +65,12 @@ class SchemaStatements:
             clustering_key=tuple(s.clustering_key), if_not_exists=s.if_not_exists, cmd_id=_new_id(),
         ))
         return _message("created", "table", f"{keyspace}.{s.table.name}", value)
+
+    def _alter_table(self, s: ast.AlterTable) -> Result:
+        keyspace = keyspace_of(s.table)
+        value = self._propose(AlterTable(keyspace=keyspace, name=s.table.name,
+                                         add=tuple(ColumnSpec(c.name, c.type) for c in s.add), cmd_id=_new_id()))
+        return _message("altered", "table", f"{keyspace}.{s.table.name}", value)
 
     def _create_view(self, s: ast.CreateView) -> Result:
         keyspace = keyspace_of(s.view)
@@ -145,6 +152,7 @@ _HANDLERS = {
     ast.CreateKeyspace: SchemaStatements._create_keyspace,
     ast.AlterKeyspace: SchemaStatements._alter_keyspace,
     ast.CreateTable: SchemaStatements._create_table,
+    ast.AlterTable: SchemaStatements._alter_table,
     ast.CreateView: SchemaStatements._create_view,
     ast.CreateIndex: SchemaStatements._create_index,
     ast.DropKeyspace: SchemaStatements._drop_keyspace,

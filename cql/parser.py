@@ -18,6 +18,7 @@ from .limits import MAX_LIMIT
 
 from .ast import (
     AlterKeyspace,
+    AlterTable,
     Batch,
     BindMarker,
     ColumnDef,
@@ -150,6 +151,19 @@ def _values(ats: Iterable[_At]) -> tuple[Any, ...]:
     return tuple(a.value for a in ats)
 
 
+def _column_type(name: _At, type_tok: Any) -> str:
+    """The canonical type named by `type_tok` for column `name` (a CqlSyntaxError naming the allowed types)."""
+    canonical = _TYPE_ALIASES.get(type_tok.value.lower())
+    if canonical is None:
+        _fail(
+            f"unknown type {type_tok.value!r} for column {name.value!r}; allowed types are "
+            + ", ".join(ALLOWED_TYPES)
+            + " (varchar is accepted as text)",
+            type_tok,
+        )
+    return canonical
+
+
 def _qual(at: _At) -> QualifiedName:
     return at.value
 
@@ -271,15 +285,17 @@ class _Builder(Transformer):
     # --------------------------------------------------------------- tables
     def column_def(self, c: list[Any]) -> _ColumnSpec:
         name, type_tok, inline = c
-        canonical = _TYPE_ALIASES.get(type_tok.value.lower())
-        if canonical is None:
-            _fail(
-                f"unknown type {type_tok.value!r} for column {name.value!r}; allowed types are "
-                + ", ".join(ALLOWED_TYPES)
-                + " (varchar is accepted as text)",
-                type_tok,
-            )
-        return _ColumnSpec(name, canonical, inline)
+        return _ColumnSpec(name, _column_type(name, type_tok), inline)
+
+    def added_column(self, c: list[Any]) -> _ColumnSpec:
+        name, type_tok = c
+        return _ColumnSpec(name, _column_type(name, type_tok), None)
+
+    def alter_table(self, c: list[Any]) -> AlterTable:
+        table, *added = c
+        _check_unique((col.name for col in added), f"ALTER TABLE {table.value}")
+        return AlterTable(table=_qual(table),
+                          add=tuple(ColumnDef(col.name.value, col.type) for col in added))
 
     def primary_key(self, c: list[Any]) -> _At:
         tok = _first_token(c)

@@ -22,19 +22,21 @@ class LocalTables:
     def __init__(self, store: NodeStore, read_state: Callable):
         self.store = store
         self._read_state = read_state
-        self._ensured: set[str] = set()
+        self._ensured: dict[str, Table] = {}  # table id -> the definition its storage was last made to fit
         self._ensure_lock = threading.Lock()
 
     def ensure(self, table: Table) -> None:
-        """Create the table's storage if missing; NotFound for a dropped table, whose storage never comes back
-        (checked under the lock `drop_dropped` holds, so a late writer cannot recreate it after the sweep)."""
-        if table.id in self._ensured:
+        """Create the table's storage if missing, or add the columns an ALTER TABLE added; NotFound for a dropped
+        table, whose storage never comes back (checked under the lock `drop_dropped` holds, so a late writer
+        cannot recreate it after the sweep)."""
+        if self._ensured.get(table.id) is table:
             return
         with self._ensure_lock:
             if table.id in self._read_state(lambda s: s.dropped_tables):
                 raise NotFound(f"{table.qualified_name} was dropped")
-            self.store.ensure_table(storage_spec(table))
-            self._ensured.add(table.id)
+            if self._ensured.get(table.id) != table:
+                self.store.ensure_table(storage_spec(table))
+            self._ensured[table.id] = table
 
     def create_new(self) -> None:
         """Create the storage of every table and view of the schema not stored here yet, so that a table's first
@@ -55,7 +57,7 @@ class LocalTables:
             dropped = self._read_state(lambda s: set(s.dropped_tables))
             for table_id in self.store.table_ids() & dropped:
                 self.store.drop_table(table_id)
-                self._ensured.discard(table_id)
+                self._ensured.pop(table_id, None)
 
     def apply(self, table: Table, rows: list[Row], derive: Derive | None = None, typed: bool = False) -> ApplyResult:
         """Merge rows into `table` (see NodeStore.apply); NotFound when the table was dropped meanwhile."""

@@ -177,6 +177,11 @@ def _changed_states(before: dict[tuple, tuple], after: dict[tuple, tuple]) -> tu
     return old, new
 
 
+def _extends(stored: TableSpec, spec: TableSpec) -> bool:
+    """Whether `stored` is `spec` or `spec` with regular columns added at the end."""
+    return stored.key_columns == spec.key_columns and stored.regular[:len(spec.regular)] == spec.regular
+
+
 def spec_to_json(spec: TableSpec) -> str:
     def columns(cols: tuple[ColumnSpec, ...]) -> list[list[str]]:
         return [[c.name, c.type] for c in cols]
@@ -520,10 +525,15 @@ class NodeStore:
     # --- tables -----------------------------------------------------------------------------------------
 
     def ensure_table(self, spec: TableSpec) -> None:
-        """Create the table if missing; an existing table may gain regular columns, nothing else may change."""
+        """Create the table if missing; an existing table may gain regular columns, nothing else may change.
+
+        A spec the stored one extends (an older definition, from a write that read the schema before an ALTER
+        TABLE) changes nothing."""
         physical = PhysicalTable(spec)
         with self._write_transaction() as conn:
             existing = self._stored_spec(conn, spec.table_id)
+            if existing is not None and _extends(existing, spec):
+                return
             if existing is None:
                 physical.table.create(conn, checkfirst=True)
                 conn.execute(self._catalog.insert().values(table_id=spec.table_id, spec=spec_to_json(spec)))

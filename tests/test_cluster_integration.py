@@ -354,6 +354,31 @@ def test_prepared_statements_run_by_id_and_are_prepared_again_after_the_table_ch
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND, caught.value.details()
 
 
+def test_alter_table_add_reaches_every_replica_and_prepared_clients_prepare_again(cluster):
+    import pyarrow as pa
+    run(cluster, "n1", "CREATE KEYSPACE al WITH replication = {'rf': 3} AND tablets = {'initial': 4}")
+    run(cluster, "n1", "CREATE TABLE al.t (k int, v text, PRIMARY KEY (k))")
+    run(cluster, "n1", "CREATE MATERIALIZED VIEW al.by_v AS SELECT * FROM al.t WHERE v IS NOT NULL AND k IS NOT NULL "
+                       "PRIMARY KEY (v, k)")
+    insert = "INSERT INTO al.t (k, v) VALUES (?, ?)"
+    client.execute(addr(cluster, "n2"), insert, params=[[1, "a"], [2, "b"]])
+    run(cluster, "n3", "ALTER TABLE al.t ADD (score double, tag text)")
+    client.execute(addr(cluster, "n2"), insert, params=[[3, "c"]])  # prepared before the ALTER: prepared again
+    client.execute(addr(cluster, "n1"), "INSERT INTO al.t (k, v, score, tag) VALUES (?, ?, ?, ?)",
+                   params=pa.table({"k": pa.array([4, 1], pa.int32()), "v": ["d", "a"], "score": [0.5, 1.5],
+                                    "tag": ["x", None]}))
+    run(cluster, "n2", "UPDATE al.t SET tag = 'y' WHERE k = 2")
+    expected = [{"k": 1, "v": "a", "score": 1.5, "tag": None}, {"k": 2, "v": "b", "score": None, "tag": "y"},
+                {"k": 3, "v": "c", "score": None, "tag": None}, {"k": 4, "v": "d", "score": 0.5, "tag": "x"}]
+    for node in ("n1", "n2", "n3"):
+        assert sorted(rows(cluster, node, "SELECT k, v, score, tag FROM al.t"), key=lambda r: r["k"]) == expected
+    client.wait_built(addr(cluster, "n1"), "al.by_v", timeout=60)
+    by_v = rows(cluster, "n1", "SELECT v, k FROM al.by_v")
+    assert sorted((r["v"], r["k"]) for r in by_v) == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+    with pytest.raises(grpc.RpcError, match="already has column 'tag'"):
+        client.execute(addr(cluster, "n1"), "ALTER TABLE al.t ADD tag int")
+
+
 def test_arrow_value_sets_of_every_column_type_read_back_equal(cluster):
     import math
 

@@ -205,6 +205,35 @@ def test_table_errors_name_the_problem():
     assert "'b'" in message and "not a defined column" in message
 
 
+def test_alter_table_appends_regular_columns_and_leaves_views_as_they_were():
+    state = cluster()
+    table_id = make_table(state)
+    view_id = make_view(state)
+    version = state.schema_version
+    outcome = state.apply(cmd("alter_table", keyspace="ks", name="t", add=[["w", "double"], ["x", "text"]]))
+    assert outcome.ok and outcome.value == "altered"
+    table = state.tables[table_id]
+    assert [(c.name, c.type) for c in table.columns[-2:]] == [("w", "double"), ("x", "text")]
+    assert table.primary_key == ("key", "c") and state.schema_version == version + 1
+    assert [c.name for c in state.tables[view_id].columns] == ["c", "key", "v"]
+
+
+def test_alter_table_errors_name_the_problem():
+    state = cluster()
+    make_table(state)
+    make_view(state)
+    assert error_of(state, cmd("alter_table", keyspace="ks", name="nope", add=[["w", "int"]])) == \
+        ("NOT_FOUND", "table ks.nope does not exist")
+    assert error_of(state, cmd("alter_table", keyspace="ks", name="t", add=[["v", "int"]])) == \
+        ("INVALID_ARGUMENT", "ks.t already has column 'v'")
+    code, message = error_of(state, cmd("alter_table", keyspace="ks", name="mv", add=[["w", "int"]]))
+    assert code == "INVALID_ARGUMENT" and "materialized view" in message
+    code, message = error_of(state, cmd("alter_table", keyspace="ks", name="t", add=[["w", "float"]]))
+    assert code == "INVALID_ARGUMENT" and "unknown type 'float'" in message
+    code, message = error_of(state, cmd("alter_table", keyspace="ks", name="t", add=[["w", "int"], ["w", "int"]]))
+    assert "listed twice" in message
+
+
 def test_view_key_rules():
     state = cluster()
     state.apply(cmd("create_keyspace", name="ks", rf=1, initial_tablets=1))

@@ -1,4 +1,4 @@
-"""Prepared statements (bind columns, ids, invalidation by DROP and re-creation) and request size limits."""
+"""Prepared statements (bind columns, ids, invalidation by DROP, re-creation and ALTER) and request size limits."""
 from __future__ import annotations
 
 import math
@@ -107,6 +107,19 @@ def test_a_table_recreated_under_the_name_invalidates_the_statement(cluster):
         executor.execute("", params=[[1, 2, "a"]], prepared_id=prepared.id)
     again = executor.prepare("INSERT INTO ks.t (p, c, v) VALUES (?, ?, ?)")
     assert again.id == prepared.id and again.bind_columns[2] == BindColumn("v", "int")
+    executor.execute("", params=[[1, 2, 7]], prepared_id=again.id)
+    assert len(writer.writes) == 1
+
+
+def test_altering_the_table_invalidates_the_statement_and_preparing_again_sees_the_new_column(cluster):
+    executor, _, writer = cluster
+    prepared = executor.prepare(INSERT)
+    assert executor.execute("ALTER TABLE ks.t ADD (w int, x text)").message == "altered table ks.t"
+    with pytest.raises(Unprepared, match="table ks.t changed"):
+        executor.execute("", params=[[1, 2, "a", 1.0]], prepared_id=prepared.id)
+    assert writer.writes == []
+    again = executor.prepare("INSERT INTO ks.t (p, c, w) VALUES (?, ?, ?)")
+    assert again.bind_columns[2] == BindColumn("w", "int")
     executor.execute("", params=[[1, 2, 7]], prepared_id=again.id)
     assert len(writer.writes) == 1
 

@@ -89,6 +89,16 @@ class CreateTable(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AlterTable(Command):
+    """Add regular columns at the end of a base table (its stored rows hold no value for them)."""
+
+    op: ClassVar[str] = "alter_table"
+    keyspace: str
+    name: str
+    add: tuple[ColumnSpec, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class CreateView(Command):
     """A materialized view over `base`; `columns` None selects every base column."""
 
@@ -176,7 +186,7 @@ class SetProcessingBase(LoopCommand):
     base_id: str | None
 
 
-COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, CreateView,
+COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, AlterTable, CreateView,
                                        CreateIndex, DropView, DropTable, DropKeyspace, Noop,
                                        FinishViewBuildingTasks, SetProcessingBase)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}

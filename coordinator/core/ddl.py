@@ -5,6 +5,7 @@ and build tasks of the tables it creates or drops are changed through `tablets` 
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from . import tablets, view_building
 from . import types as coltypes
 from .commands import (
     AlterKeyspace,
+    AlterTable,
     ColumnSpec,
     CreateIndex,
     CreateKeyspace,
@@ -89,6 +91,24 @@ def create_table(state: Group0State, cmd: CreateTable) -> str:
     tablets.place_table(state, table_id, keyspace)
     state.schema_version += 1
     return "created"
+
+
+def alter_table(state: Group0State, cmd: AlterTable) -> str:
+    """Add regular columns to a base table; views keep the columns they were created with."""
+    state.require_keyspace(cmd.keyspace)
+    table = state.find_table(cmd.keyspace, cmd.name)
+    if table is None:
+        raise NotFound(f"table {cmd.keyspace}.{cmd.name} does not exist")
+    if table.view is not None:
+        kind = "an index" if table.view.is_index else "a materialized view"
+        raise InvalidArgument(f"{table.qualified_name} is {kind}: only a base table can be altered")
+    added = _build_columns(cmd.add)
+    existing = [c.name for c in added if table.column(c.name) is not None]
+    if existing:
+        raise InvalidArgument(f"{table.qualified_name} already has column {existing[0]!r}")
+    state.tables[table.id] = dataclasses.replace(table, columns=table.columns + added)
+    state.schema_version += 1
+    return "altered"
 
 
 def drop_table(state: Group0State, cmd: DropTable) -> str:

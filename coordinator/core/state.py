@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from . import ddl, tablets, view_building
 from .commands import (
     AlterKeyspace,
+    AlterTable,
     Command,
     CreateIndex,
     CreateKeyspace,
@@ -143,6 +144,7 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     CreateKeyspace: ddl.create_keyspace,
     AlterKeyspace: ddl.alter_keyspace,
     CreateTable: ddl.create_table,
+    AlterTable: ddl.alter_table,
     CreateView: ddl.create_view,
     CreateIndex: ddl.create_index,
     DropView: ddl.drop_view,
