@@ -116,10 +116,18 @@ def test_the_statement_binds_one_placeholder_per_column_for_each_driver():
 def test_many_mutations_with_repeated_keys_in_one_batch_apply_in_order(store, history):
     """Past `rows_per_statement`, SQLite takes several mutations per statement: a key repeated inside one
     statement must still merge as if applied one by one."""
+    assert_columns_merge_like_python(store, [], history)
+
+
+def assert_columns_merge_like_python(store, earlier: list[Row], chunk: list[Row]) -> None:
+    """Over the state `earlier` leaves, `chunk` applied as columns (SQL upsert) and as rows merged in Python
+    changes as many rows and leaves the same rows."""
     in_sql, in_python = fresh_table(store), fresh_table(store)
     try:
-        by_sql = store.apply_columns(in_sql.table_id, mutation_table(in_sql, history)).changed
-        by_python = store.apply(in_python.table_id, history, python_merge).changed
+        for spec in (in_sql, in_python):
+            store.apply(spec.table_id, earlier, python_merge)
+        by_sql = store.apply_columns(in_sql.table_id, mutation_table(in_sql, chunk)).changed
+        by_python = store.apply(in_python.table_id, chunk, python_merge).changed
         assert by_sql == by_python
         assert stored(store, in_sql) == stored(store, in_python)
     finally:
@@ -140,18 +148,7 @@ def test_a_chunk_at_one_timestamp_binds_its_stamps_once_and_merges_like_python(s
     """Columns holding one value for the whole chunk (an execution's timestamp, no tombstone) are bound once per
     statement; over any earlier state, with keys repeated inside a statement, the rows are still those of the
     Python merge."""
-    chunk = [at_one_timestamp(mutation, stamp) for mutation in history]
-    in_arrow, in_python = fresh_table(store), fresh_table(store)
-    try:
-        for spec in (in_arrow, in_python):
-            store.apply(spec.table_id, earlier, python_merge)
-        by_arrow = store.apply_columns(in_arrow.table_id, mutation_table(in_arrow, chunk)).changed
-        by_python = store.apply(in_python.table_id, chunk, python_merge).changed
-        assert by_arrow == by_python
-        assert stored(store, in_arrow) == stored(store, in_python)
-    finally:
-        store.drop_table(in_arrow.table_id)
-        store.drop_table(in_python.table_id)
+    assert_columns_merge_like_python(store, earlier, [at_one_timestamp(mutation, stamp) for mutation in history])
 
 
 def test_constant_columns_are_numbered_after_every_row_of_the_statement():
