@@ -111,7 +111,8 @@ def test_the_statement_binds_one_placeholder_per_column_for_each_driver():
     assert upsert_sql(spec, sqlite=False).count("%s") == columns
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                    HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(history=st.lists(mutations(), min_size=60, max_size=200))
 def test_many_mutations_with_repeated_keys_in_one_batch_apply_in_order(store, history):
     """Past `rows_per_statement`, SQLite takes several mutations per statement: a key repeated inside one
@@ -141,7 +142,8 @@ def at_one_timestamp(mutation: Row, stamp: int) -> Row:
     return Row(mutation.token, mutation.key, stamp if mutation.marker_ts or not cells else None, None, cells)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                    HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(earlier=st.lists(mutations(), max_size=12), history=st.lists(mutations(), min_size=65, max_size=150),
        stamp=STAMPS)
 def test_a_chunk_at_one_timestamp_binds_its_stamps_once_and_merges_like_python(store, earlier, history, stamp):
