@@ -55,9 +55,8 @@ GRPC_WORKERS = 48
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    # Peers ping every 10 s (common.peers) on connections whose only call may be a health watch with nothing
-    # to send; gRPC's default (one ping per 5 minutes without data) answers that with GOAWAY "too_many_pings",
-    # which fails every call in flight on the connection.
+    # Peers ping every 10 s (common.peers); gRPC's default (one ping per 5 minutes without data) would answer
+    # that with GOAWAY "too_many_pings", which fails every call in flight on the connection.
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
 ]
 MAX_CLOCK_SKEW_MICROS = 500_000
