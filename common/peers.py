@@ -1,10 +1,11 @@
-"""gRPC channels and stubs to other nodes, cached per address."""
+"""gRPC channels and stubs to other nodes, cached per address, each channel kept busy while it is connected."""
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.core.errors import Unavailable
 from vbcpb import vbc_pb2_grpc as rpc
@@ -13,6 +14,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 10_000),  # the node's server accepts a ping every 5 s (node.wiring.SERVER_OPTIONS)
+    ("grpc.http2.max_pings_without_data", 0),  # keep pinging over a standing call that has nothing to send
     ("grpc.enable_retries", 0),
 ]
 
@@ -24,12 +26,66 @@ def describe_error(error: Exception) -> str:
     return str(error)
 
 
+class StandingCall:
+    """Keeps one call open on a channel while the channel is connected: a health `Watch` of the peer.
+
+    gRPC Python starts a thread for a channel's asynchronous calls (`.future()`) whenever none is in flight,
+    and ends it with the last one, so without a standing call every replica write paid for a thread start
+    (measured on 3 nodes RF 3: single-row INSERT p50 about 0.2 ms lower with it). The call is opened when the
+    channel becomes READY and never re-opened on its own: a peer that is down is not dialled by it, so the
+    channel's reconnect backoff is driven by real calls alone, as without it. A thread reads the call's
+    responses (the call cannot end while a response is unread) and ends with it.
+    """
+
+    def __init__(self, channel: grpc.Channel, name: str):
+        self._channel = channel
+        self._name = name
+        self._watch = health_pb2_grpc.HealthStub(channel).Watch
+        self._call = None
+        self._open = False
+        self._closed = False
+        self._lock = threading.Lock()
+        channel.subscribe(self._on_connectivity, try_to_connect=False)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            call = self._call
+        self._channel.unsubscribe(self._on_connectivity)
+        if call is not None:
+            call.cancel()
+
+    def _on_connectivity(self, state: grpc.ChannelConnectivity) -> None:
+        if state is not grpc.ChannelConnectivity.READY:
+            return
+        with self._lock:
+            if self._closed or self._open:
+                return
+            self._open = True
+        threading.Thread(target=self._hold, name=f"standing-call-{self._name}", daemon=True).start()
+
+    def _hold(self) -> None:
+        try:
+            with self._lock:
+                if self._closed:
+                    return
+                self._call = self._watch(health_pb2.HealthCheckRequest(service=""))
+            for _ in self._call:
+                pass
+        except (grpc.RpcError, ValueError):
+            pass  # the peer went away, or the channel was closed
+        finally:
+            with self._lock:
+                self._open, self._call = False, None
+
+
 class Peers:
     """Resolves node ids to addresses (through `resolve`) and hands out cached stubs."""
 
     def __init__(self, resolve: Callable[[str], str | None]):
         self._resolve = resolve
         self._channels: dict[str, grpc.Channel] = {}
+        self._standing: dict[str, StandingCall] = {}
         self._stubs: dict[str, rpc.InternodeStub] = {}
         self._lock = threading.Lock()
 
@@ -49,10 +105,14 @@ class Peers:
 
     def close(self) -> None:
         with self._lock:
-            for channel in self._channels.values():
-                channel.close()
+            standing, channels = list(self._standing.values()), list(self._channels.values())
+            self._standing.clear()
             self._channels.clear()
             self._stubs.clear()
+        for call in standing:
+            call.close()
+        for channel in channels:
+            channel.close()
 
     def _address(self, node_id: str) -> str:
         address = self._resolve(node_id)
@@ -64,4 +124,5 @@ class Peers:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._standing[address] = StandingCall(channel, address)
         return channel

@@ -1,25 +1,79 @@
-"""common.peers against a real in-process gRPC server: cached stubs, and keepalive settings the node accepts."""
+"""common.peers against a real in-process gRPC server: cached stubs, the standing call, keepalive settings."""
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from concurrent import futures
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.peers import CHANNEL_OPTIONS, Peers
 from node.wiring import SERVER_OPTIONS
 
+QUIET_SECONDS = 2.5  # the old health watch re-dialled a peer that was down every second
+
+
+class CountingHealth(health.HealthServicer):
+    """The standard health service, counting the Watch calls it was sent."""
+
+    def __init__(self):
+        super().__init__()
+        self.watches = 0
+        self.watched = threading.Condition()
+
+    def Watch(self, request, context, send_response_callback=None):
+        with self.watched:
+            self.watches += 1
+            self.watched.notify_all()
+        return super().Watch(request, context, send_response_callback)
+
+    def wait_for_watches(self, count: int, timeout: float = 10.0) -> None:
+        with self.watched:
+            assert self.watched.wait_for(lambda: self.watches >= count, timeout), f"{self.watches} watches"
+
+
+def start_peer(port: int = 0) -> tuple[grpc.Server, CountingHealth, int]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    servicer = CountingHealth()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server, servicer, port
+
 
 @pytest.fixture
 def peer():
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, servicer, port = start_peer()
     yield server, servicer, f"127.0.0.1:{port}"
     server.stop(0)
+
+
+def check(peers: Peers, node: str) -> None:
+    health_pb2_grpc.HealthStub(peers.channel(node)).Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+
+def connections_accepted_on(port: int, seconds: float) -> int:
+    """How many TCP connections a plain listener on `port` accepts within `seconds`."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen()
+    listener.settimeout(0.1)
+    accepted = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            try:
+                listener.accept()[0].close()
+                accepted += 1
+            except TimeoutError:
+                continue
+    finally:
+        listener.close()
+    return accepted
 
 
 def test_a_peer_stub_is_made_once_per_address(peer):
@@ -29,6 +83,37 @@ def test_a_peer_stub_is_made_once_per_address(peer):
         assert peers.internode("n2") is peers.internode("n2")
     finally:
         peers.close()
+
+
+def test_a_connected_channel_keeps_one_call_open_to_its_peer(peer):
+    _, servicer, address = peer
+    peers = Peers(lambda node: address)
+    try:
+        check(peers, "n2")
+        servicer.wait_for_watches(1)
+        for _ in range(5):
+            check(peers, "n2")
+        assert servicer.watches == 1
+    finally:
+        peers.close()
+
+
+def test_a_peer_that_went_down_is_not_dialled_until_a_call_needs_it():
+    """A peer's restart must not leave its channel backing off from reconnects nobody asked for: the first call
+    after the restart succeeds."""
+    server, servicer, port = start_peer()
+    peers = Peers(lambda node: f"127.0.0.1:{port}")
+    try:
+        check(peers, "n2")
+        servicer.wait_for_watches(1)
+        server.stop(0).wait()
+        assert connections_accepted_on(port, QUIET_SECONDS) == 0
+        server, servicer, _ = start_peer(port)
+        check(peers, "n2")
+        servicer.wait_for_watches(1)
+    finally:
+        peers.close()
+        server.stop(0)
 
 
 def test_a_node_accepts_the_keepalive_pings_of_its_peers():
