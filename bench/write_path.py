@@ -186,7 +186,10 @@ def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int
                 return rate, baseline
 
             rates = {method: Paired.of([run_once(method, run) for run in range(repeat)]) for method in METHODS}
-            latencies = single_row_latencies(addresses[0], views) if nodes == 3 else None
+            latencies = None
+            if nodes == 3:
+                os.sync()  # the runs above left the machine writing back their pages
+                latencies = single_row_latencies(addresses[0], views)
             return rates, latencies
         finally:
             stop_cluster(tmp / "cluster")
@@ -202,7 +205,7 @@ def wait_for_view_updates(addresses: list[str], timeout: float = 300.0) -> None:
         time.sleep(0.05)
 
 
-def single_row_latencies(address: str, views: int, count: int = 500) -> list[float]:
+def single_row_latencies(address: str, views: int, count: int = 1500) -> list[float]:
     """Seconds per single-row INSERT through the (cached) prepared statement, one client."""
     create_table(address, "bench.single", views)
     insert = "INSERT INTO bench.single (id, name, score, grp) VALUES (?, ?, ?, ?)"

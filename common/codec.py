@@ -6,6 +6,8 @@ client's bind values or result row); `row_*` a storage row ↔ `Mutation`; `batc
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 
 from coordinator.core.errors import InvalidArgument
@@ -67,9 +69,11 @@ def row_from_proto(message: pb.Mutation) -> Row:
     )
 
 
-def batch_to_proto(batch: RowBatch) -> pb.MutationBatch:
+def batch_to_proto(batch: RowBatch, mutation_of: Callable[[Row], pb.Mutation] = row_to_proto) -> pb.MutationBatch:
+    """The batch as a MutationBatch; `mutation_of` encodes each row (a caller sending the same rows to several
+    replicas passes one that encodes each row once)."""
     message = pb.MutationBatch(table_id=batch.table_id, shard=batch.shard, timestamp=batch.timestamp,
-                               schema_version=batch.schema_version, mutations=[row_to_proto(r) for r in batch.rows])
+                               schema_version=batch.schema_version, mutations=[mutation_of(r) for r in batch.rows])
     if batch.columns is not None:
         message.arrow_mutations = _ipc_bytes(batch.columns)
     return message

@@ -14,9 +14,10 @@ import pyarrow as pa
 from coordinator.core.errors import ERRORS_BY_CODE, CoreError, Unavailable
 
 from common.arrow_stream import ipc_pieces, table_from_pieces
-from common.codec import batch_to_proto, scan_page_from_proto, scan_request_to_proto
+from common.codec import batch_to_proto, row_to_proto, scan_page_from_proto, scan_request_to_proto
 from common.peers import Peers, describe_error
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
+from storage.cells import Row
 from vbcpb import vbc_pb2 as pb
 
 REPLICA_WRITE_TIMEOUT = 10.0
@@ -61,13 +62,27 @@ class InternodeTransport:
     def __init__(self, peers: Peers):
         self._peers = peers
 
-    def start_replica_write(self, node: str, batch: RowBatch) -> PendingAck:
-        """Start sending a base write to `node` without waiting; wait with `.result()`."""
+    def start_replica_writes(self, writes: list[tuple[str, RowBatch]]) -> list[PendingAck]:
+        """Start sending base writes, each to its node, without waiting; wait on each with `.result()`.
+
+        A row that several of the batches hold (one row's replicas) is encoded once."""
+        encoded: dict[int, pb.Mutation] = {}  # by id(): every row stays alive in `writes` meanwhile
+
+        def mutation_of(row: Row) -> pb.Mutation:
+            message = encoded.get(id(row))
+            if message is None:
+                message = encoded[id(row)] = row_to_proto(row)
+            return message
+
+        return [self._start_replica_write(node, batch, mutation_of) for node, batch in writes]
+
+    def _start_replica_write(self, node: str, batch: RowBatch, mutation_of) -> PendingAck:
         try:
             stub = self._peers.internode(node)
         except CoreError as error:
             return PendingAck(error=error)
-        return PendingAck(stub.ReplicaWrite.future(batch_to_proto(batch), timeout=replica_write_timeout(batch)))
+        return PendingAck(stub.ReplicaWrite.future(batch_to_proto(batch, mutation_of),
+                                                   timeout=replica_write_timeout(batch)))
 
     def view_update(self, node: str, batch: RowBatch) -> int:
         """Apply view rows on `node`; the number of rows that changed there."""

@@ -19,8 +19,8 @@ class PendingWrite(Protocol):
 
 
 class ReplicaTransport(Protocol):
-    def start_replica_write(self, node: str, batch: RowBatch) -> PendingWrite:
-        """Start applying a base write on `node`'s replica without waiting for it."""
+    def start_replica_writes(self, writes: list[tuple[str, RowBatch]]) -> list[PendingWrite]:
+        """Start applying base writes, each on its node's replica, without waiting; one PendingWrite per write."""
 
     def view_update(self, node: str, batch: RowBatch) -> int:
         """Apply view rows on `node`'s view replica; the number of rows that changed."""

@@ -57,8 +57,8 @@ class WriteCoordinator:
 
     def _send(self, batches: list[tuple[str, RowBatch]], tables: list[str]) -> None:
         self._injections.hit("write.coordinator.before_send")
-        pending = [(node, self._transport.start_replica_write(node, batch))
-                   for node, batch in batches if node != self.node_id]
+        remote = [(node, batch) for node, batch in batches if node != self.node_id]
+        pending = zip([node for node, _ in remote], self._transport.start_replica_writes(remote), strict=True)
         failures = [failure for node, batch in batches if node == self.node_id
                     for failure in self._apply_locally(batch)]
         for node, write in pending:

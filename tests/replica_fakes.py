@@ -123,7 +123,10 @@ class NodeTransport:
         self._sender = sender
         self._network = network
 
-    def start_replica_write(self, node: str, batch: RowBatch) -> Finished:
+    def start_replica_writes(self, writes: list[tuple[str, RowBatch]]) -> list[Finished]:
+        return [self._start_replica_write(node, batch) for node, batch in writes]
+
+    def _start_replica_write(self, node: str, batch: RowBatch) -> Finished:
         self._record("replica_write", node, batch)
         try:
             return Finished(self._network.replica(node).apply_base_write(batch))

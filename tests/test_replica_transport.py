@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -145,9 +146,18 @@ def test_client_value_lists_cross_protobuf_unchanged():
 
 def test_a_replica_write_is_sent_as_protobuf_and_answers_the_rows_applied():
     stub = FakeStub()
-    pending = InternodeTransport(FakePeers({"n2": stub})).start_replica_write("n2", BATCH)
+    [pending] = InternodeTransport(FakePeers({"n2": stub})).start_replica_writes([("n2", BATCH)])
     assert pending.result() == 2
     assert batch_from_proto(stub.requests[0]) == BATCH
+
+
+def test_the_replicas_of_a_row_each_get_the_whole_row():
+    stubs = {"n2": FakeStub(), "n3": FakeStub()}
+    other_shard = replace(BATCH, shard=1)
+    pending = InternodeTransport(FakePeers(stubs)).start_replica_writes([("n2", BATCH), ("n3", other_shard)])
+    assert [write.result() for write in pending] == [2, 2]
+    assert batch_from_proto(stubs["n2"].requests[0]) == BATCH
+    assert batch_from_proto(stubs["n3"].requests[0]) == other_shard
 
 
 @pytest.mark.parametrize("code, error_type, message", [
@@ -159,7 +169,7 @@ def test_a_replica_write_is_sent_as_protobuf_and_answers_the_rows_applied():
 ])
 def test_a_failed_call_becomes_the_core_error_of_its_status(code, error_type, message):
     transport = InternodeTransport(FakePeers({"n2": FakeStub(error=FakeRpcError(code, "connection refused"))}))
-    for call in (lambda: transport.start_replica_write("n2", BATCH).result(),
+    for call in (lambda: transport.start_replica_writes([("n2", BATCH)])[0].result(),
                  lambda: transport.view_update("n2", BATCH),
                  lambda: next(transport.scan("n2", ScanRequest("ef" * 16, 0, 1)))):
         with pytest.raises(error_type) as caught:
@@ -168,7 +178,7 @@ def test_a_failed_call_becomes_the_core_error_of_its_status(code, error_type, me
 
 
 def test_a_node_that_is_not_a_member_fails_the_pending_write_not_the_caller():
-    pending = InternodeTransport(FakePeers({})).start_replica_write("n9", BATCH)
+    [pending] = InternodeTransport(FakePeers({})).start_replica_writes([("n9", BATCH)])
     with pytest.raises(Unavailable, match="not a member"):
         pending.result()
 
