@@ -108,9 +108,12 @@ def _passes(term: Filter, column: pa.ChunkedArray) -> pa.ChunkedArray:
     if term.op == "IS NOT NULL":
         return pc.is_valid(column)
     if term.op == "IN":
-        found = pc.is_in(column, value_set=pa.array(term.value, column.type))
-        if pa.types.is_floating(column.type):  # Python's `in` never finds a NaN read from storage
-            found = pc.and_(found, pc.invert(pc.fill_null(pc.is_nan(column), False)))
+        if not pa.types.is_floating(column.type):
+            found = pc.is_in(column, value_set=pa.array(term.value, column.type))
+            return pc.fill_null(pc.and_(found, pc.is_valid(column)), False)
+        # Arrow's hash lookup tells -0.0 from 0.0, Python's `in` does not: adding 0.0 folds -0.0 into 0.0.
+        found = pc.is_in(pc.add(column, 0.0), value_set=pa.array([v + 0.0 for v in term.value], column.type))
+        found = pc.and_(found, pc.invert(pc.fill_null(pc.is_nan(column), False)))  # `in` never finds a stored NaN
         return pc.fill_null(pc.and_(found, pc.is_valid(column)), False)
     return pc.fill_null(_COMPARE[term.op](column, pa.scalar(term.value, column.type)), False)
 
