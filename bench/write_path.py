@@ -1,5 +1,5 @@
 """Write-path benchmark: rows/s through a real cluster vs. SQLite and PostgreSQL inserts of the same rows, single-row
-latency, and Raft commit latency.
+latency (beside a bare gRPC call's, for a ratio), and Raft commit latency.
 
 Run: `make bench` or `.venv/bin/python bench/write_path.py [--rows N] [--batch B] [--arrow-batch A] [--clients C]
 [--repeat R]`.
@@ -32,8 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import grpc  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from bench.postgres import PostgresUnavailable, throwaway_server  # noqa: E402
 from bench.raft_commit import measure_commit_latency  # noqa: E402
@@ -162,9 +165,9 @@ class Paired:
 
 
 def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int, arrow_batch: int,
-                  clients: int, repeat: int) -> tuple[dict[str, Paired], list[float] | None]:
+                  clients: int, repeat: int) -> tuple[dict[str, Paired], Latencies | None]:
     """Per method, `repeat` runs through one fresh cluster (a table per run), each paired with a SQLite baseline run
-    just before it; and single-row INSERT latencies (s)."""
+    just before it; and single-row latencies (3 nodes only)."""
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         cluster = start_cluster(tmp / "cluster", nodes=nodes, die_with_parent=True)
@@ -205,20 +208,44 @@ def wait_for_view_updates(addresses: list[str], timeout: float = 300.0) -> None:
         time.sleep(0.05)
 
 
-def single_row_latencies(address: str, views: int, count: int = 1500, warm_up: int = 500) -> list[float]:
-    """Seconds per single-row INSERT through the (cached) prepared statement, one client, after `warm_up`
-    uncounted ones: steady state (right after the bulk runs, in one run, the first 500 of 1,500 had p50 2.74 ms and
-    the last 500 1.87 ms)."""
+@dataclass(frozen=True)
+class Latencies:
+    """Seconds per single-row INSERT, and per bare gRPC call (a health Check of the same node) taken beside them."""
+
+    inserts: list[float]
+    bare_calls: list[float]
+
+
+def single_row_latencies(address: str, views: int, count: int = 1500, warm_up: int = 500,
+                         block: int = 100) -> Latencies:
+    """Single-row INSERTs through the (cached) prepared statement, one client, after `warm_up` uncounted ones (steady
+    state: right after the bulk runs, in one run, the first 500 of 1,500 had p50 2.74 ms and the last 500 1.87 ms).
+
+    Blocks of `block` INSERTs alternate with blocks of as many health Checks of the node, the machine's price of one
+    gRPC round trip at that moment: their ratio does not move with the machine as the milliseconds do."""
     create_table(address, "bench.single", views)
     insert = "INSERT INTO bench.single (id, name, score, grp) VALUES (?, ?, ?, ?)"
-    for i in range(warm_up):
-        client.execute(address, insert, params=[[-1 - i, "warm", 0.0, 0]])
-    latencies = []
-    for i in range(count):
-        started = time.perf_counter()
-        client.execute(address, insert, params=[[i, f"n{i}", i / 3, i % 100]])
-        latencies.append(time.perf_counter() - started)
-    return latencies
+    channel = grpc.insecure_channel(address)
+    check = health_pb2_grpc.HealthStub(channel).Check
+    try:
+        for i in range(warm_up):
+            client.execute(address, insert, params=[[-1 - i, "warm", 0.0, 0]])
+            check(health_pb2.HealthCheckRequest())
+        latencies = Latencies([], [])
+        for start in range(0, count, block):
+            for i in range(start, min(start + block, count)):
+                latencies.inserts.append(_timed(client.execute, address, insert, params=[[i, f"n{i}", i / 3, i % 100]]))
+            for _ in range(start, min(start + block, count)):
+                latencies.bare_calls.append(_timed(check, health_pb2.HealthCheckRequest()))
+        return latencies
+    finally:
+        channel.close()
+
+
+def _timed(call, *args, **kwargs) -> float:
+    started = time.perf_counter()
+    call(*args, **kwargs)
+    return time.perf_counter() - started
 
 
 def _run_clients(statements: list[tuple], addresses: list[str], clients: int) -> float:
@@ -274,8 +301,10 @@ def main() -> None:
             print(f"  {method:<9} {paired.ours:>10,.0f} rows/s   SQLite executemany {paired.sqlite:>10,.0f} rows/s "
                   f"({per_txn}/txn)   ratio {paired.ratio:.3f}")
         if latencies:
-            p50, p99 = statistics.median(latencies), statistics.quantiles(latencies, n=100)[98]
-            print(f"  single-row prepared INSERT: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms")
+            p50, p99 = statistics.median(latencies.inserts), statistics.quantiles(latencies.inserts, n=100)[98]
+            bare = statistics.median(latencies.bare_calls)
+            print(f"  single-row prepared INSERT: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms; a bare gRPC call "
+                  f"(health Check, same node, alternating blocks) p50 {bare * 1000:.2f} ms; ratio {p50 / bare:.1f}")
 
     if args.raft_n <= 0:
         return

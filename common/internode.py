@@ -6,7 +6,7 @@ becomes `Unavailable` whose message names that status.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import pyarrow as pa
@@ -76,7 +76,8 @@ class InternodeTransport:
 
         return [self._start_replica_write(node, batch, mutation_of) for node, batch in writes]
 
-    def _start_replica_write(self, node: str, batch: RowBatch, mutation_of) -> PendingAck:
+    def _start_replica_write(self, node: str, batch: RowBatch,
+                             mutation_of: Callable[[Row], pb.Mutation]) -> PendingAck:
         try:
             stub = self._peers.internode(node)
         except CoreError as error:
