@@ -1,5 +1,5 @@
 """Write-path benchmark: rows/s through a real cluster vs. SQLite and PostgreSQL inserts of the same rows, single-row
-latency (beside a bare gRPC call's, for a ratio), and Raft commit latency.
+latency (beside the same gRPC calls with empty handlers, for a ratio), and Raft commit latency.
 
 Run: `make bench` or `.venv/bin/python bench/write_path.py [--rows N] [--batch B] [--arrow-batch A] [--clients C]
 [--repeat R]`.
@@ -32,12 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import grpc  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-
+from bench import rpc_floor  # noqa: E402
 from bench.postgres import PostgresUnavailable, throwaway_server  # noqa: E402
 from bench.raft_commit import measure_commit_latency  # noqa: E402
 from vbc import client, load  # noqa: E402
@@ -210,10 +208,11 @@ def wait_for_view_updates(addresses: list[str], timeout: float = 300.0) -> None:
 
 @dataclass(frozen=True)
 class Latencies:
-    """Seconds per single-row INSERT, and per bare gRPC call (a health Check of the same node) taken beside them."""
+    """Seconds per single-row INSERT, and per call of the same pattern with empty handlers (bench/rpc_floor.py)
+    taken beside them."""
 
     inserts: list[float]
-    bare_calls: list[float]
+    floor: list[float]
 
 
 def single_row_latencies(address: str, views: int, count: int = 1500, warm_up: int = 500,
@@ -221,25 +220,22 @@ def single_row_latencies(address: str, views: int, count: int = 1500, warm_up: i
     """Single-row INSERTs through the (cached) prepared statement, one client, after `warm_up` uncounted ones (steady
     state: right after the bulk runs, in one run, the first 500 of 1,500 had p50 2.74 ms and the last 500 1.87 ms).
 
-    Blocks of `block` INSERTs alternate with blocks of as many health Checks of the node, the machine's price of one
-    gRPC round trip at that moment: their ratio does not move with the machine as the milliseconds do."""
+    Blocks of `block` INSERTs alternate with blocks of as many calls through `bench/rpc_floor.py`'s empty
+    coordinator and replicas, gRPC's price of the same calls at that moment: the ratio does not move with the
+    machine as the milliseconds do."""
     create_table(address, "bench.single", views)
     insert = "INSERT INTO bench.single (id, name, score, grp) VALUES (?, ?, ?, ?)"
-    channel = grpc.insecure_channel(address)
-    check = health_pb2_grpc.HealthStub(channel).Check
-    try:
+    with rpc_floor.floor_call() as floor_call:
         for i in range(warm_up):
             client.execute(address, insert, params=[[-1 - i, "warm", 0.0, 0]])
-            check(health_pb2.HealthCheckRequest())
+            floor_call()
         latencies = Latencies([], [])
         for start in range(0, count, block):
             for i in range(start, min(start + block, count)):
                 latencies.inserts.append(_timed(client.execute, address, insert, params=[[i, f"n{i}", i / 3, i % 100]]))
             for _ in range(start, min(start + block, count)):
-                latencies.bare_calls.append(_timed(check, health_pb2.HealthCheckRequest()))
+                latencies.floor.append(_timed(floor_call))
         return latencies
-    finally:
-        channel.close()
 
 
 def _timed(call, *args, **kwargs) -> float:
@@ -302,9 +298,10 @@ def main() -> None:
                   f"({per_txn}/txn)   ratio {paired.ratio:.3f}")
         if latencies:
             p50, p99 = statistics.median(latencies.inserts), statistics.quantiles(latencies.inserts, n=100)[98]
-            bare = statistics.median(latencies.bare_calls)
-            print(f"  single-row prepared INSERT: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms; a bare gRPC call "
-                  f"(health Check, same node, alternating blocks) p50 {bare * 1000:.2f} ms; ratio {p50 / bare:.1f}")
+            floor = statistics.median(latencies.floor)
+            print(f"  single-row prepared INSERT: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms; the same gRPC "
+                  f"calls with empty handlers (bench/rpc_floor.py, alternating blocks) p50 {floor * 1000:.2f} ms; "
+                  f"ratio {p50 / floor:.2f}")
 
     if args.raft_n <= 0:
         return
