@@ -99,17 +99,19 @@ def floor_call() -> Iterator[Callable[[], None]]:
                 process.kill()
 
 
+def timed(call, *args, **kwargs) -> float:
+    """Seconds one call took."""
+    started = time.perf_counter()
+    call(*args, **kwargs)
+    return time.perf_counter() - started
+
+
 def latencies(count: int = 1500, warm_up: int = 500) -> list[float]:
     """Seconds per Execute through the empty coordinator and replicas, one client, after `warm_up` uncounted."""
     with floor_call() as call:
         for _ in range(warm_up):
             call()
-        timed = []
-        for _ in range(count):
-            started = time.perf_counter()
-            call()
-            timed.append(time.perf_counter() - started)
-        return timed
+        return [timed(call) for _ in range(count)]
 
 
 def main() -> None:

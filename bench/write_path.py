@@ -232,16 +232,11 @@ def single_row_latencies(address: str, views: int, count: int = 1500, warm_up: i
         latencies = Latencies([], [])
         for start in range(0, count, block):
             for i in range(start, min(start + block, count)):
-                latencies.inserts.append(_timed(client.execute, address, insert, params=[[i, f"n{i}", i / 3, i % 100]]))
+                values = [[i, f"n{i}", i / 3, i % 100]]
+                latencies.inserts.append(rpc_floor.timed(client.execute, address, insert, params=values))
             for _ in range(start, min(start + block, count)):
-                latencies.floor.append(_timed(floor_call))
+                latencies.floor.append(rpc_floor.timed(floor_call))
         return latencies
-
-
-def _timed(call, *args, **kwargs) -> float:
-    started = time.perf_counter()
-    call(*args, **kwargs)
-    return time.perf_counter() - started
 
 
 def _run_clients(statements: list[tuple], addresses: list[str], clients: int) -> float:

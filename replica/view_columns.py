@@ -108,14 +108,17 @@ def _passes(term: Filter, column: pa.ChunkedArray) -> pa.ChunkedArray:
     if term.op == "IS NOT NULL":
         return pc.is_valid(column)
     if term.op == "IN":
-        if not pa.types.is_floating(column.type):
-            found = pc.is_in(column, value_set=pa.array(term.value, column.type))
-            return pc.fill_null(pc.and_(found, pc.is_valid(column)), False)
-        # Arrow's hash lookup tells -0.0 from 0.0, Python's `in` does not: adding 0.0 folds -0.0 into 0.0.
-        found = pc.is_in(pc.add(column, 0.0), value_set=pa.array([v + 0.0 for v in term.value], column.type))
-        found = pc.and_(found, pc.invert(pc.fill_null(pc.is_nan(column), False)))  # `in` never finds a stored NaN
-        return pc.fill_null(pc.and_(found, pc.is_valid(column)), False)
+        return pc.fill_null(pc.and_(_is_in(column, term.value), pc.is_valid(column)), False)
     return pc.fill_null(_COMPARE[term.op](column, pa.scalar(term.value, column.type)), False)
+
+
+def _is_in(column: pa.ChunkedArray, values: tuple) -> pa.ChunkedArray:
+    """`pc.is_in` with Python's `in` on stored values: for doubles -0.0 finds 0.0 (Arrow's hash lookup tells them
+    apart; adding 0.0 folds -0.0 into 0.0) and no NaN is ever found."""
+    if not pa.types.is_floating(column.type):
+        return pc.is_in(column, value_set=pa.array(values, column.type))
+    found = pc.is_in(pc.add(column, 0.0), value_set=pa.array([v + 0.0 for v in values], column.type))
+    return pc.and_(found, pc.invert(pc.fill_null(pc.is_nan(column), False)))
 
 
 def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
