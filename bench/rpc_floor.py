@@ -1,9 +1,9 @@
 """The gRPC floor of a single-row write: the same calls as one on 3 nodes RF 3, with handlers that do nothing.
 
-A client calls `Client.Execute` on a coordinator process, which sends `Internode.ReplicaWrite` to two replica
-processes as `.future()` calls and answers when both did: the call pattern of a single-row INSERT at RF 3, with
-the nodes' server options, thread pools and peer channels (`common.peers`, standing calls included), but no
-parsing, routing or storage. Its latency is what gRPC in Python costs on this machine at this moment; the write
+A client calls `Client.Execute` on a coordinator process, which sends a one-row batch to two replica processes
+on their open `Internode.ReplicaWrites` calls and answers when both did: the call pattern of a single-row INSERT
+at RF 3, with the nodes' server options, thread pools and peer channels (`common.peers`: standing calls, pooled
+write streams), but no parsing, routing or storage. Its latency is what gRPC in Python costs on this machine at this moment; the write
 path benchmark times it in blocks alternating with its single-row INSERTs and prints the ratio.
 
 Run: `.venv/bin/python bench/rpc_floor.py [--count N]`. The servers are child processes that stop when their
@@ -41,8 +41,9 @@ REQUEST = pb.ExecuteRequest(statement="INSERT INTO ks.t (id, name) VALUES (?, ?)
 
 
 class EmptyReplica(rpc.InternodeServicer):
-    def ReplicaWrite(self, request, context):
-        return pb.Ack(applied=len(request.mutations))
+    def ReplicaWrites(self, request_iterator, context):
+        for request in request_iterator:
+            yield pb.ReplicaOutcome(applied=len(request.mutations))
 
 
 class FanOutCoordinator(rpc.ClientServicer):
@@ -53,9 +54,12 @@ class FanOutCoordinator(rpc.ClientServicer):
         self._peers = Peers(lambda port: f"127.0.0.1:{port}")
 
     def Execute(self, request, context):
-        pending = [self._peers.internode(port).ReplicaWrite.future(ROW, timeout=10) for port in self._ports]
-        for write in pending:
-            write.result()
+        streams = [self._peers.write_streams(port).take() for port in self._ports]  # one client: never all busy
+        for stream in streams:
+            stream.send(ROW, 10.0, time.monotonic())
+        for stream in streams:
+            stream.receive()
+            stream.pool.give_back(stream, time.monotonic())
         return pb.ExecuteResponse(message="")
 
 

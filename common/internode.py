@@ -6,6 +6,8 @@ becomes `Unavailable` whose message names that status.
 """
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -15,7 +17,8 @@ from coordinator.core.errors import ERRORS_BY_CODE, CoreError, Unavailable
 
 from common.arrow_stream import ipc_pieces, table_from_pieces
 from common.codec import batch_to_proto, row_to_proto, scan_page_from_proto, scan_request_to_proto
-from common.peers import Peers, describe_error
+from common.peers import Peers
+from common.replica_streams import WriteStream
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
 from storage.cells import Row
 from vbcpb import vbc_pb2 as pb
@@ -29,10 +32,15 @@ SCAN_TIMEOUT = 600.0  # a whole streamed scan; pages are flow-controlled by the 
 
 def error_from_rpc(error: grpc.RpcError) -> CoreError:
     """The typed core error for a failed gRPC call (see the module docstring)."""
-    error_type = ERRORS_BY_CODE.get(error.code().name)
+    return error_from_status(error.code().name, error.details())
+
+
+def error_from_status(code: str, details: str | None) -> CoreError:
+    """The typed core error for a gRPC status a peer answered with (see the module docstring)."""
+    error_type = ERRORS_BY_CODE.get(code)
     if error_type is None:
-        return Unavailable(describe_error(error))
-    return error_type(error.details() or error.code().name)
+        return Unavailable(f"{code}: {details}")
+    return error_type(details or code)
 
 
 class PendingAck:
@@ -51,6 +59,35 @@ class PendingAck:
             raise error_from_rpc(error) from None
 
 
+class StreamedAck:
+    """A replica write sent on an open stream (common.replica_streams); `result()` as PendingAck's.
+
+    If the stream's call ended before the answer came (the peer restarted since the stream was opened), the
+    batch is sent once more as a unary call: applying a batch twice changes nothing (last write wins).
+    """
+
+    def __init__(self, stream: WriteStream, timeout: float, unary: Callable[[], PendingAck],
+                 clock: Callable[[], float]):
+        self._stream = stream
+        self._timeout = timeout
+        self._unary = unary
+        self._clock = clock
+
+    def result(self) -> int:
+        stream = self._stream
+        try:
+            answer = stream.receive()
+        except (grpc.RpcError, StopIteration):
+            stream.pool.discard(stream)
+            if stream.timed_out:
+                raise Unavailable(f"DEADLINE_EXCEEDED: the replica did not answer within {self._timeout:g} s") from None
+            return self._unary().result()
+        stream.pool.give_back(stream, self._clock())
+        if answer.error_code:
+            raise error_from_status(answer.error_code, answer.error_message)
+        return answer.applied
+
+
 def replica_write_timeout(batch: RowBatch) -> float:
     """The deadline of one ReplicaWrite: 10 s, plus 5 ms per row (a 5,000-row batch with a view gets 35 s)."""
     return REPLICA_WRITE_TIMEOUT + REPLICA_WRITE_SECONDS_PER_ROW * batch.size
@@ -59,10 +96,11 @@ def replica_write_timeout(batch: RowBatch) -> float:
 class InternodeTransport:
     """Sends replica writes, view updates and scans to a peer's Internode service (stubs from `Peers`)."""
 
-    def __init__(self, peers: Peers):
+    def __init__(self, peers: Peers, clock: Callable[[], float] = time.monotonic):
         self._peers = peers
+        self._clock = clock
 
-    def start_replica_writes(self, writes: list[tuple[str, RowBatch]]) -> list[PendingAck]:
+    def start_replica_writes(self, writes: list[tuple[str, RowBatch]]) -> list[PendingAck | StreamedAck]:
         """Start sending base writes, each to its node, without waiting; wait on each with `.result()`.
 
         A row that several of the batches hold (one row's replicas) is encoded once."""
@@ -77,13 +115,26 @@ class InternodeTransport:
         return [self._start_replica_write(node, batch, mutation_of) for node, batch in writes]
 
     def _start_replica_write(self, node: str, batch: RowBatch,
-                             mutation_of: Callable[[Row], pb.Mutation]) -> PendingAck:
+                             mutation_of: Callable[[Row], pb.Mutation]) -> PendingAck | StreamedAck:
+        """On one of the pool's open streams, or as a unary call when none is free."""
+        try:
+            pool = self._peers.write_streams(node)
+        except CoreError as error:
+            return PendingAck(error=error)
+        message, timeout = batch_to_proto(batch, mutation_of), replica_write_timeout(batch)
+        unary = functools.partial(self._unary_replica_write, node, message, timeout)
+        stream = pool.take()
+        if stream is None:
+            return unary()
+        stream.send(message, timeout, self._clock())
+        return StreamedAck(stream, timeout, unary, self._clock)
+
+    def _unary_replica_write(self, node: str, message: pb.MutationBatch, timeout: float) -> PendingAck:
         try:
             stub = self._peers.internode(node)
         except CoreError as error:
             return PendingAck(error=error)
-        return PendingAck(stub.ReplicaWrite.future(batch_to_proto(batch, mutation_of),
-                                                   timeout=replica_write_timeout(batch)))
+        return PendingAck(stub.ReplicaWrite.future(message, timeout=timeout))
 
     def view_update(self, node: str, batch: RowBatch) -> int:
         """Apply view rows on `node`; the number of rows that changed there."""

@@ -1,4 +1,5 @@
-"""gRPC channels and stubs to other nodes, cached per address, each channel kept busy while it is connected."""
+"""gRPC channels, stubs and write streams to other nodes, cached per address, each channel kept busy while it is
+connected."""
 from __future__ import annotations
 
 import threading
@@ -8,6 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.core.errors import Unavailable
+from common.replica_streams import StreamPool, StreamWatch
 from vbcpb import vbc_pb2_grpc as rpc
 
 CHANNEL_OPTIONS = [
@@ -34,12 +36,14 @@ class StandingCall:
     (README, Benchmarks: what it saved). The call is opened when the
     channel becomes READY and never re-opened on its own: a peer that is down is not dialled by it, so the
     channel's reconnect backoff is driven by real calls alone, as without it. A thread reads the call's
-    responses (the call cannot end while a response is unread) and ends with it.
+    responses (the call cannot end while a response is unread), tells `on_serving` whether the peer is serving
+    (a stopping node says NOT_SERVING first), and ends with the call.
     """
 
-    def __init__(self, channel: grpc.Channel, name: str):
+    def __init__(self, channel: grpc.Channel, name: str, on_serving: Callable[[bool], None] = lambda serving: None):
         self._channel = channel
         self._name = name
+        self._on_serving = on_serving
         self._watch = health_pb2_grpc.HealthStub(channel).Watch
         self._call = None
         self._open = False
@@ -70,8 +74,8 @@ class StandingCall:
                 if self._closed:
                     return
                 self._call = self._watch(health_pb2.HealthCheckRequest(service=""))
-            for _ in self._call:
-                pass
+            for response in self._call:
+                self._on_serving(response.status == health_pb2.HealthCheckResponse.SERVING)
         except (grpc.RpcError, ValueError):
             pass  # the peer went away, or the channel was closed
         finally:
@@ -80,14 +84,17 @@ class StandingCall:
 
 
 class Peers:
-    """Resolves node ids to addresses (through `resolve`) and hands out cached stubs."""
+    """Resolves node ids to addresses (through `resolve`) and hands out cached stubs and write stream pools."""
 
     def __init__(self, resolve: Callable[[str], str | None]):
         self._resolve = resolve
         self._channels: dict[str, grpc.Channel] = {}
         self._standing: dict[str, StandingCall] = {}
         self._stubs: dict[str, rpc.InternodeStub] = {}
+        self._pools: dict[str, StreamPool] = {}
+        self._draining: set[str] = set()  # addresses whose last health answer was not SERVING
         self._lock = threading.Lock()
+        self._watch = StreamWatch(self._all_pools)
 
     def channel(self, node_id: str) -> grpc.Channel:
         address = self._address(node_id)
@@ -98,17 +105,29 @@ class Peers:
         """The node's Internode stub (cached: making one registers every method with the channel, ~25 µs)."""
         address = self._address(node_id)
         with self._lock:
-            stub = self._stubs.get(address)
-            if stub is None:
-                stub = self._stubs[address] = rpc.InternodeStub(self._channel_at(address))
-            return stub
+            return self._stub_at(address)
+
+    def write_streams(self, node_id: str) -> StreamPool:
+        """The pool of open ReplicaWrites calls to the node (common.replica_streams)."""
+        address = self._address(node_id)
+        with self._lock:
+            pool = self._pools.get(address)
+            if pool is None:
+                pool = self._pools[address] = StreamPool(self._stub_at(address), draining=address in self._draining)
+                self._watch.start()
+            return pool
 
     def close(self) -> None:
+        self._watch.stop()
         with self._lock:
-            standing, channels = list(self._standing.values()), list(self._channels.values())
+            standing, channels, pools = (list(self._standing.values()), list(self._channels.values()),
+                                         list(self._pools.values()))
             self._standing.clear()
             self._channels.clear()
             self._stubs.clear()
+            self._pools.clear()
+        for pool in pools:
+            pool.close()
         for call in standing:
             call.close()
         for channel in channels:
@@ -120,9 +139,29 @@ class Peers:
             raise Unavailable(f"node {node_id!r} is not a member of the cluster")
         return address
 
+    def _stub_at(self, address: str) -> rpc.InternodeStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = self._stubs[address] = rpc.InternodeStub(self._channel_at(address))
+        return stub
+
     def _channel_at(self, address: str) -> grpc.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-            self._standing[address] = StandingCall(channel, address)
+            self._standing[address] = StandingCall(channel, address, lambda serving: self._peer_serving(address, serving))
         return channel
+
+    def _peer_serving(self, address: str, serving: bool) -> None:
+        with self._lock:
+            if serving:
+                self._draining.discard(address)
+            else:
+                self._draining.add(address)
+            pool = self._pools.get(address)
+        if pool is not None:
+            pool.drain(not serving)
+
+    def _all_pools(self) -> list[StreamPool]:
+        with self._lock:
+            return list(self._pools.values())

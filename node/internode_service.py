@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from common.arrow_stream import ipc_pieces, table_from_pieces
 from common.codec import batch_from_proto, scan_page_to_proto, scan_request_from_proto
 from coordinator.core.errors import InvalidArgument
-from common.status import streaming, unary
+from common.status import status_for, streaming, unary
 from replica.local import LocalData
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
@@ -32,8 +32,22 @@ class InternodeService(rpc.InternodeServicer):
 
     @unary
     def ReplicaWrite(self, request, context):
+        return pb.Ack(applied=self._apply_base_write(request))
+
+    def ReplicaWrites(self, request_iterator, context):
+        for request in request_iterator:
+            yield self._replica_outcome(request)
+
+    def _replica_outcome(self, request: pb.MutationBatch) -> pb.ReplicaOutcome:
+        try:
+            return pb.ReplicaOutcome(applied=self._apply_base_write(request))
+        except Exception as error:  # noqa: BLE001 - a refused batch is answered; the call goes on
+            code, message = status_for(error)
+            return pb.ReplicaOutcome(error_code=code.name, error_message=message)
+
+    def _apply_base_write(self, request: pb.MutationBatch) -> int:
         self._deps.observe_timestamp(request.timestamp)
-        return pb.Ack(applied=self._deps.replica.apply_base_write(batch_from_proto(request)))
+        return self._deps.replica.apply_base_write(batch_from_proto(request))
 
     @unary
     def ViewUpdate(self, request, context):

@@ -16,7 +16,7 @@ from coordinator.core.schema import Table
 from coordinator.core.tokens import tablet_of
 from storage.cells import Row
 
-from replica.transport import ReplicaTransport, describe
+from replica.transport import PendingWrite, ReplicaTransport, describe
 
 
 class TableDropped(NotFound):
@@ -58,16 +58,14 @@ class WriteCoordinator:
     def _send(self, batches: list[tuple[str, RowBatch]], tables: list[str]) -> None:
         self._injections.hit("write.coordinator.before_send")
         remote = [(node, batch) for node, batch in batches if node != self.node_id]
-        pending = zip([node for node, _ in remote], self._transport.start_replica_writes(remote), strict=True)
-        failures = [failure for node, batch in batches if node == self.node_id
-                    for failure in self._apply_locally(batch)]
-        for node, write in pending:
-            try:
-                write.result()
-            except CoreError as error:
-                failures.append((node, error))
-        if failures:
-            raise write_failure(tables, failures)
+        pending = list(zip([node for node, _ in remote], self._transport.start_replica_writes(remote), strict=True))
+        try:
+            failures = [failure for node, batch in batches if node == self.node_id
+                        for failure in self._apply_locally(batch)]
+        finally:
+            remote_failures = _wait_for(pending)  # even if the local apply raised: each answer must be read
+        if failures + remote_failures:
+            raise write_failure(tables, failures + remote_failures)
 
     def _apply_locally(self, batch: RowBatch) -> list[tuple[str, CoreError]]:
         try:
@@ -75,6 +73,17 @@ class WriteCoordinator:
             return []
         except CoreError as error:
             return [(self.node_id, error)]
+
+
+def _wait_for(pending: list[tuple[str, PendingWrite]]) -> list[tuple[str, CoreError]]:
+    """Wait for every remote write; the (node, error) of each that failed."""
+    failures = []
+    for node, write in pending:
+        try:
+            write.result()
+        except CoreError as error:
+            failures.append((node, error))
+    return failures
 
 
 def write_failure(table_names: list[str], failures: list[tuple[str, CoreError]]) -> CoreError:

@@ -446,8 +446,13 @@ FAKE_NODE = textwrap.dedent('''
     stop = threading.Event()
     if args.behaviour != "ignore-term":
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def wait_for_term():  # in slices: SIGTERM delivered to a gRPC thread would not wake a wait without timeout
+        while not stop.wait(0.2):
+            pass
+
     if args.behaviour == "silent":
-        stop.wait()
+        wait_for_term()
         sys.exit(0)
 
     class Admin(rpc.AdminServicer):
@@ -464,7 +469,7 @@ FAKE_NODE = textwrap.dedent('''
     server.add_insecure_port(args.grpc)
     server.start()
     print("fake node", args.id, "serving", args.grpc, "peers", args.peers, flush=True)
-    stop.wait()
+    wait_for_term()
     server.stop(0)
 ''')
 

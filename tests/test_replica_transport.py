@@ -103,6 +103,14 @@ class FakeStub:
         return self.scan_call
 
 
+class NoFreeStream:
+    """A write stream pool whose streams are all busy: replica writes go as unary calls (tests/test_replica_streams.py
+    covers the streams against a real server)."""
+
+    def take(self):
+        return None
+
+
 class FakePeers:
     def __init__(self, stubs: dict):
         self._stubs = stubs
@@ -111,6 +119,10 @@ class FakePeers:
         if node not in self._stubs:
             raise Unavailable(f"node {node!r} is not a member of the cluster")
         return self._stubs[node]
+
+    def write_streams(self, node: str):
+        self.internode(node)
+        return NoFreeStream()
 
 
 # ----------------------------------------------------------------- codec

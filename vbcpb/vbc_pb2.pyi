@@ -302,6 +302,16 @@ class Ack(_message.Message):
     applied: int
     def __init__(self, applied: _Optional[int] = ...) -> None: ...
 
+class ReplicaOutcome(_message.Message):
+    __slots__ = ("applied", "error_code", "error_message")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    applied: int
+    error_code: str
+    error_message: str
+    def __init__(self, applied: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
 class ScanRequest(_message.Message):
     __slots__ = ("table_id", "first_token", "last_token", "partition_key", "limit", "page_size")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]

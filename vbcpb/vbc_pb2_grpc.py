@@ -418,6 +418,11 @@ class InternodeStub:
                 request_serializer=vbcpb_dot_vbc__pb2.MutationBatch.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.Ack.FromString,
                 _registered_method=True)
+        self.ReplicaWrites = channel.stream_stream(
+                '/vbc.v1.Internode/ReplicaWrites',
+                request_serializer=vbcpb_dot_vbc__pb2.MutationBatch.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.ReplicaOutcome.FromString,
+                _registered_method=True)
         self.ViewUpdate = channel.unary_unary(
                 '/vbc.v1.Internode/ViewUpdate',
                 request_serializer=vbcpb_dot_vbc__pb2.MutationBatch.SerializeToString,
@@ -457,6 +462,14 @@ class InternodeServicer:
 
     def ReplicaWrite(self, request, context):
         """Apply base-table mutations to this node's replica (it generates and sends the view updates).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplicaWrites(self, request_iterator, context):
+        """ReplicaWrite on a call the coordinator keeps open: batches one after another, each answered before the
+        next is sent; a refused batch is answered with its error and the call goes on (common.replica_streams).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -512,6 +525,11 @@ def add_InternodeServicer_to_server(servicer, server):
                     servicer.ReplicaWrite,
                     request_deserializer=vbcpb_dot_vbc__pb2.MutationBatch.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.Ack.SerializeToString,
+            ),
+            'ReplicaWrites': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReplicaWrites,
+                    request_deserializer=vbcpb_dot_vbc__pb2.MutationBatch.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.ReplicaOutcome.SerializeToString,
             ),
             'ViewUpdate': grpc.unary_unary_rpc_method_handler(
                     servicer.ViewUpdate,
@@ -573,6 +591,33 @@ class Internode:
             '/vbc.v1.Internode/ReplicaWrite',
             vbcpb_dot_vbc__pb2.MutationBatch.SerializeToString,
             vbcpb_dot_vbc__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaWrites(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/vbc.v1.Internode/ReplicaWrites',
+            vbcpb_dot_vbc__pb2.MutationBatch.SerializeToString,
+            vbcpb_dot_vbc__pb2.ReplicaOutcome.FromString,
             options,
             channel_credentials,
             insecure,
