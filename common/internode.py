@@ -18,7 +18,7 @@ from coordinator.core.errors import ERRORS_BY_CODE, CoreError, Unavailable
 from common.arrow_stream import ipc_pieces, table_from_pieces
 from common.codec import batch_to_proto, row_to_proto, scan_page_from_proto, scan_request_to_proto
 from common.peers import Peers
-from common.replica_streams import WriteStream
+from common.stream_pool import Exchange, start_exchange
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
 from storage.cells import Row
 from vbcpb import vbc_pb2 as pb
@@ -60,29 +60,23 @@ class PendingAck:
 
 
 class StreamedAck:
-    """A replica write sent on an open stream (common.replica_streams); `result()` as PendingAck's.
+    """A replica write sent on an open stream (common.stream_pool); `result()` as PendingAck's.
 
-    If the stream's call ended before the answer came (the peer restarted since the stream was opened), the
+    If the stream ended or failed before the answer came (the peer restarted since the stream was opened), the
     batch is sent once more as a unary call: applying a batch twice changes nothing (last write wins).
     """
 
-    def __init__(self, stream: WriteStream, timeout: float, unary: Callable[[], PendingAck],
-                 clock: Callable[[], float]):
-        self._stream = stream
-        self._timeout = timeout
+    def __init__(self, exchange: Exchange, unary: Callable[[], PendingAck]):
+        self._exchange = exchange
         self._unary = unary
-        self._clock = clock
 
     def result(self) -> int:
-        stream = self._stream
         try:
-            answer = stream.receive()
-        except (grpc.RpcError, StopIteration):
-            stream.pool.discard(stream)
-            if stream.timed_out:
-                raise Unavailable(f"DEADLINE_EXCEEDED: the replica did not answer within {self._timeout:g} s") from None
-            return self._unary().result()
-        stream.pool.give_back(stream, self._clock())
+            answer = self._exchange.answer(self._unary)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        if isinstance(answer, PendingAck):
+            return answer.result()
         if answer.error_code:
             raise error_from_status(answer.error_code, answer.error_message)
         return answer.applied
@@ -123,11 +117,8 @@ class InternodeTransport:
             return PendingAck(error=error)
         message, timeout = batch_to_proto(batch, mutation_of), replica_write_timeout(batch)
         unary = functools.partial(self._unary_replica_write, node, message, timeout)
-        stream = pool.take()
-        if stream is None:
-            return unary()
-        stream.send(message, timeout, self._clock())
-        return StreamedAck(stream, timeout, unary, self._clock)
+        exchange = start_exchange(pool, message, timeout, self._clock, idempotent=True)
+        return unary() if exchange is None else StreamedAck(exchange, unary)
 
     def _unary_replica_write(self, node: str, message: pb.MutationBatch, timeout: float) -> PendingAck:
         try:

@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.core.errors import Unavailable
-from common.replica_streams import StreamPool, StreamWatch
+from common.stream_pool import StreamPool, StreamWatch
 from vbcpb import vbc_pb2_grpc as rpc
 
 CHANNEL_OPTIONS = [
@@ -36,14 +36,13 @@ class StandingCall:
     (README, Benchmarks: what it saved). The call is opened when the
     channel becomes READY and never re-opened on its own: a peer that is down is not dialled by it, so the
     channel's reconnect backoff is driven by real calls alone, as without it. A thread reads the call's
-    responses (the call cannot end while a response is unread), tells `on_serving` whether the peer is serving
-    (a stopping node says NOT_SERVING first), and ends with the call.
+    responses (the call cannot end while a response is unread) and ends with it; it ends the call itself when
+    the peer turns from SERVING to NOT_SERVING, which a node does first when it stops.
     """
 
-    def __init__(self, channel: grpc.Channel, name: str, on_serving: Callable[[bool], None] = lambda serving: None):
+    def __init__(self, channel: grpc.Channel, name: str):
         self._channel = channel
         self._name = name
-        self._on_serving = on_serving
         self._watch = health_pb2_grpc.HealthStub(channel).Watch
         self._call = None
         self._open = False
@@ -74,13 +73,19 @@ class StandingCall:
                 if self._closed:
                     return
                 self._call = self._watch(health_pb2.HealthCheckRequest(service=""))
+            serving = False
             for response in self._call:
-                self._on_serving(response.status == health_pb2.HealthCheckResponse.SERVING)
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    serving = True
+                elif serving:
+                    break  # the peer is stopping; its server would wait for this call until its grace period ends
         except (grpc.RpcError, ValueError):
             pass  # the peer went away, or the channel was closed
         finally:
             with self._lock:
-                self._open, self._call = False, None
+                call, self._open, self._call = self._call, False, None
+            if call is not None:
+                call.cancel()
 
 
 class Peers:
@@ -92,7 +97,6 @@ class Peers:
         self._standing: dict[str, StandingCall] = {}
         self._stubs: dict[str, rpc.InternodeStub] = {}
         self._pools: dict[str, StreamPool] = {}
-        self._draining: set[str] = set()  # addresses whose last health answer was not SERVING
         self._lock = threading.Lock()
         self._watch = StreamWatch(self._all_pools)
 
@@ -108,12 +112,12 @@ class Peers:
             return self._stub_at(address)
 
     def write_streams(self, node_id: str) -> StreamPool:
-        """The pool of open ReplicaWrites calls to the node (common.replica_streams)."""
+        """The pool of open ReplicaWrites calls to the node (common.stream_pool)."""
         address = self._address(node_id)
         with self._lock:
             pool = self._pools.get(address)
             if pool is None:
-                pool = self._pools[address] = StreamPool(self._stub_at(address), draining=address in self._draining)
+                pool = self._pools[address] = StreamPool(self._stub_at(address).ReplicaWrites)
                 self._watch.start()
             return pool
 
@@ -149,18 +153,8 @@ class Peers:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-            self._standing[address] = StandingCall(channel, address, lambda serving: self._peer_serving(address, serving))
+            self._standing[address] = StandingCall(channel, address)
         return channel
-
-    def _peer_serving(self, address: str, serving: bool) -> None:
-        with self._lock:
-            if serving:
-                self._draining.discard(address)
-            else:
-                self._draining.add(address)
-            pool = self._pools.get(address)
-        if pool is not None:
-            pool.drain(not serving)
 
     def _all_pools(self) -> list[StreamPool]:
         with self._lock:

@@ -25,12 +25,17 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}: {error}); see the node log"
 
 
-def _abort(servicer, context, error: Exception) -> None:
+def counted_status(servicer, error: Exception) -> tuple[grpc.StatusCode, str]:
+    """`status_for(error)`, counted when the servicer has an error_counter (for an answer that carries it)."""
     code, message = status_for(error)
     counter = getattr(servicer, "error_counter", None)
     if counter is not None:
         counter.labels(code.name).inc()
-    context.abort(code, message)
+    return code, message
+
+
+def _abort(servicer, context, error: Exception) -> None:
+    context.abort(*counted_status(servicer, error))
 
 
 def unary(method):

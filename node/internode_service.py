@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.arrow_stream import ipc_pieces, table_from_pieces
+from common.open_calls import OpenCalls
 from common.codec import batch_from_proto, scan_page_to_proto, scan_request_from_proto
 from coordinator.core.errors import InvalidArgument
 from common.status import status_for, streaming, unary
@@ -24,6 +25,7 @@ class InternodeDeps:
     observe_timestamp: Callable[[int], None]
     local_status: Callable[[], pb.LocalStatusResponse]
     wait_schema_applied: Callable[[int, float], None]
+    open_calls: OpenCalls
 
 
 class InternodeService(rpc.InternodeServicer):
@@ -35,7 +37,7 @@ class InternodeService(rpc.InternodeServicer):
         return pb.Ack(applied=self._apply_base_write(request))
 
     def ReplicaWrites(self, request_iterator, context):
-        for request in request_iterator:
+        for request in self._deps.open_calls.requests(request_iterator, context):
             yield self._replica_outcome(request)
 
     def _replica_outcome(self, request: pb.MutationBatch) -> pb.ReplicaOutcome:

@@ -19,6 +19,7 @@ from common.codec import batch_from_proto_bytes
 from common.injection import Injections
 from common.internode import InternodeTransport
 from common.metrics import NodeMetrics, serve_metrics
+from common.open_calls import OpenCalls
 from common.peers import Peers
 from coordinator.core.commands import RegisterNode
 from coordinator.core.errors import Unavailable
@@ -52,6 +53,7 @@ log = logging.getLogger("node.wiring")
 DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
 GRPC_WORKERS = 48
+OPEN_CALLS = GRPC_WORKERS // 2  # replica write streams and client sessions: the other half serves unary calls
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -138,6 +140,7 @@ class Node:
             injections=self.injections, metrics=self.metrics)
         self._last_prune = 0.0
         self._health = health.HealthServicer()
+        self._open_calls = OpenCalls(OPEN_CALLS)
         self._server = self._build_server()
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
@@ -167,6 +170,7 @@ class Node:
         self.view_building.stop()
         self._work_calls.shutdown(wait=False, cancel_futures=True)
         self.worker.close(wait=False)
+        self._open_calls.end_all()
         self._server.stop(grace=2.0).wait(5.0)
         self._admin.close()
         if self._metrics_server is not None:
@@ -184,7 +188,8 @@ class Node:
     def _build_server(self) -> grpc.Server:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
                              options=SERVER_OPTIONS)
-        rpc.add_ClientServicer_to_server(ClientService(self.executor, self.metrics.statement_errors), server)
+        rpc.add_ClientServicer_to_server(ClientService(self.executor, self.metrics.statement_errors, self._open_calls),
+                                         server)
         self._admin = AdminService(AdminDeps(
             node_id=self.node_id, read_state=self.group0.read, raft_status=self.group0.status,
             require_ready=self.require_ready, probe=self.probe, injections=self.injections,
@@ -192,7 +197,7 @@ class Node:
         rpc.add_AdminServicer_to_server(self._admin, server)
         rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
             replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,
-            wait_schema_applied=self.wait_schema_applied)), server)
+            wait_schema_applied=self.wait_schema_applied, open_calls=self._open_calls)), server)
         rpc.add_WorkerServicer_to_server(
             WorkerService(self.worker, lambda: self.group0.term, self.catch_up_index, self.injections), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -1,5 +1,5 @@
-"""Replica writes on open ReplicaWrites calls (common.replica_streams, common.internode) against a real in-process
-gRPC server running the node's Internode service over a fake replica."""
+"""Replica writes on open ReplicaWrites calls (common.stream_pool, common.open_calls, common.internode) against a
+real in-process gRPC server running the node's Internode service over a fake replica."""
 from __future__ import annotations
 
 import threading
@@ -12,7 +12,8 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 import common.internode
-import common.replica_streams
+import common.stream_pool
+from common.open_calls import OpenCalls
 from common.codec import batch_to_proto
 from common.internode import InternodeTransport
 from common.peers import Peers
@@ -52,9 +53,10 @@ class FakeReplica:
 class CountingInternode(InternodeService):
     """The node's Internode service, counting the calls of each kind and the ReplicaWrites calls still open."""
 
-    def __init__(self, replica: FakeReplica):
+    def __init__(self, replica: FakeReplica, open_calls: OpenCalls):
         super().__init__(InternodeDeps(replica=replica, observe_timestamp=lambda ts: None,
-                                       local_status=lambda: None, wait_schema_applied=lambda version, timeout: None))
+                                       local_status=lambda: None, wait_schema_applied=lambda version, timeout: None,
+                                       open_calls=open_calls))
         self.unary_calls = 0
         self.stream_calls = 0
         self.open_streams = 0
@@ -86,14 +88,17 @@ class CountingInternode(InternodeService):
 class Peer:
     """A gRPC server on 127.0.0.1 with the Internode and health services; restartable on its port."""
 
-    def __init__(self):
+    def __init__(self, open_calls_limit: int = 8):
         self.replica = FakeReplica()
         self.port = 0
+        self.open_calls_limit = open_calls_limit
         self.start()
 
     def start(self) -> None:
-        self.service = CountingInternode(self.replica)
+        self.open_calls = OpenCalls(self.open_calls_limit)
+        self.service = CountingInternode(self.replica, self.open_calls)
         self.health = health.HealthServicer()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=SERVER_OPTIONS)
         rpc.add_InternodeServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -103,10 +108,18 @@ class Peer:
     def stop(self) -> None:
         self.server.stop(0).wait()
 
+    def stop_as_a_node_does(self) -> float:
+        """End the open calls, then stop with the node's grace period; the seconds the stop took."""
+        started = time.monotonic()
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.open_calls.end_all()
+        self.server.stop(grace=5.0).wait()
+        return time.monotonic() - started
+
 
 @contextmanager
-def transport_to_peer():
-    peer = Peer()
+def transport_to_peer(**peer_options):
+    peer = Peer(**peer_options)
     peers = Peers(lambda node: f"127.0.0.1:{peer.port}")
     try:
         yield InternodeTransport(peers), peer
@@ -140,7 +153,7 @@ def test_writes_beyond_the_streams_a_peer_may_hold_go_as_unary_calls():
     extra = 2
     with transport_to_peer() as (transport, peer):
         peer.replica.released.clear()
-        count = common.replica_streams.STREAMS_PER_PEER + extra
+        count = common.stream_pool.STREAMS_PER_SERVER + extra
         pending = [transport.start_replica_writes([("n2", batch(key))])[0] for key in range(count)]
         peer.service.wait_until(lambda s: s.stream_calls == count - extra and s.unary_calls == extra)
         peer.replica.released.set()
@@ -168,22 +181,38 @@ def test_a_stream_ended_by_a_peer_restart_gives_way_to_a_unary_call():
         assert peer.replica.batches[-1] == batch(2)
 
 
-def test_a_peer_that_says_it_is_stopping_gets_its_streams_back_and_only_unary_calls():
+def test_a_stopping_node_ends_its_idle_streams_at_once_and_then_gets_unary_calls():
     with transport_to_peer() as (transport, peer):
         assert write(transport, batch(1)) == 1
-        peer.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        peer.open_calls.end_all()
         peer.service.wait_until(lambda s: s.open_streams == 0)
         assert write(transport, batch(2)) == 1
         assert peer.service.unary_calls == 1
-        peer.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        deadline = time.monotonic() + TIMEOUT
-        while peer.service.stream_calls < 2 and time.monotonic() < deadline:  # until the health answer arrives
-            assert write(transport, batch(3)) == 1
-        assert peer.service.stream_calls == 2
+        assert peer.stop_as_a_node_does() < 2.0
+
+
+def test_a_batch_on_a_stream_ended_by_a_stopping_node_is_not_lost():
+    with transport_to_peer() as (transport, peer):
+        assert write(transport, batch(1)) == 1
+        peer.replica.released.clear()
+        [pending] = transport.start_replica_writes([("n2", batch(2))])
+        peer.service.wait_until(lambda s: len(peer.replica.batches) == 1)
+        peer.open_calls.end_all()  # the stream is busy: it ends after its answer
+        peer.replica.released.set()
+        assert pending.result() == 1
+        peer.service.wait_until(lambda s: s.open_streams == 0)
+        assert peer.replica.batches == [batch(1), batch(2)]
+
+
+def test_a_node_holding_its_limit_of_open_calls_ends_a_new_one_unanswered_and_gets_a_unary_call():
+    with transport_to_peer(open_calls_limit=0) as (transport, peer):
+        assert write(transport, batch(1)) == 1
+        assert write(transport, batch(2)) == 1
+        assert (peer.service.stream_calls, peer.service.unary_calls) == (1, 2)  # then backing off
 
 
 def test_a_stream_left_idle_is_closed(monkeypatch):
-    monkeypatch.setattr(common.replica_streams, "IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(common.stream_pool, "IDLE_SECONDS", 0.2)
     with transport_to_peer() as (transport, peer):
         assert write(transport, batch(1)) == 1
         peer.service.wait_until(lambda s: s.stream_calls == 1 and s.open_streams == 0)

@@ -107,7 +107,7 @@ class NoFreeStream:
     """A write stream pool whose streams are all busy: replica writes go as unary calls (tests/test_replica_streams.py
     covers the streams against a real server)."""
 
-    def take(self):
+    def take(self, now: float):
         return None
 
 

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, TypeVar
 import grpc
 
 from common.codec import values_from_proto, values_to_proto
+from common.stream_pool import StreamPool, StreamWatch, start_exchange
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as pb_grpc
 
@@ -30,7 +31,16 @@ CHANNEL_OPTIONS = [
 
 _channels: dict[str, grpc.Channel] = {}
 _client_stubs: dict[str, pb_grpc.ClientStub] = {}
+_sessions: dict[str, StreamPool] = {}
 _channels_lock = threading.Lock()
+
+
+def _all_sessions() -> list[StreamPool]:
+    with _channels_lock:
+        return list(_sessions.values())
+
+
+_session_watch = StreamWatch(_all_sessions)
 
 
 class ClusterFileError(Exception):
@@ -54,11 +64,14 @@ def _cached_channel(addr: str) -> grpc.Channel:
 
 
 def close_all() -> None:
-    """Close every cached channel (they are re-created on the next `connect`)."""
+    """Close every cached channel and session (they are re-created when next needed)."""
     with _channels_lock:
-        channels = list(_channels.values())
+        channels, sessions = list(_channels.values()), list(_sessions.values())
         _channels.clear()
         _client_stubs.clear()
+        _sessions.clear()
+    for pool in sessions:
+        pool.close()
     for channel in channels:
         channel.close()
 
@@ -66,10 +79,24 @@ def close_all() -> None:
 def client_stub(addr: str) -> pb_grpc.ClientStub:
     """The Client stub of `addr`, cached with its channel (making one registers every method, ~12 µs)."""
     with _channels_lock:
-        stub = _client_stubs.get(addr)
-        if stub is None:
-            stub = _client_stubs[addr] = pb_grpc.ClientStub(_cached_channel(addr))
-        return stub
+        return _cached_client_stub(addr)
+
+
+def _cached_client_stub(addr: str) -> pb_grpc.ClientStub:
+    stub = _client_stubs.get(addr)
+    if stub is None:
+        stub = _client_stubs[addr] = pb_grpc.ClientStub(_cached_channel(addr))
+    return stub
+
+
+def sessions(addr: str) -> StreamPool:
+    """The open `Session` calls to `addr` (common.stream_pool): statements run on them one at a time."""
+    with _channels_lock:
+        pool = _sessions.get(addr)
+        if pool is None:
+            pool = _sessions[addr] = StreamPool(_cached_client_stub(addr).Session)
+            _session_watch.start()
+        return pool
 
 
 def admin_stub(addr: str) -> pb_grpc.AdminStub:
@@ -164,6 +191,21 @@ def call_any(addresses: str | Iterable[str], fn: Callable[[str], T], idempotent:
     raise last_error
 
 
+class StatementRefused(grpc.RpcError):
+    """A statement a session answered with an error: `code()` and `details()` as the unary call's error."""
+
+    def __init__(self, code: str, details: str):
+        super().__init__(f"{code}: {details}")
+        self._code = grpc.StatusCode[code] if code in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
 def error_text(error: grpc.RpcError) -> str:
     """`CODE: details` of a gRPC error, as the command line prints it."""
     code = error.code()
@@ -185,7 +227,7 @@ def execute_response(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIM
     arrow = arrow_ipc(params)
     if arrow is None and not params:
         request = pb.ExecuteRequest(statement=statement)
-        return call_any(addr_or_addrs, lambda addr: client_stub(addr).Execute(request, timeout=timeout),
+        return call_any(addr_or_addrs, lambda addr: execute_on(addr, request, timeout, is_read(statement)),
                         idempotent=is_read(statement))
     values = pb.ExecuteRequest(arrow_values=arrow) if arrow is not None else pb.ExecuteRequest(
         params=[values_to_proto(row) for row in params])
@@ -252,12 +294,28 @@ def execute_prepared(addr: str, statement: str, values: pb.ExecuteRequest,
         request = pb.ExecuteRequest(prepared_id=prepared.id)
         request.MergeFrom(values)
         try:
-            return client_stub(addr).Execute(request, timeout=timeout)
+            return execute_on(addr, request, timeout, is_read(statement))
         except grpc.RpcError as error:
             if attempt == 2 or not is_unprepared(error):
                 raise
             forget_prepared(addr, statement)
     raise AssertionError("unreachable")
+
+
+def execute_on(addr: str, request: pb.ExecuteRequest, timeout: float = DEFAULT_TIMEOUT,
+               idempotent: bool = False) -> pb.ExecuteResponse:
+    """Execute `request` on one of the node's open sessions, or as a unary call when none is free (or the session
+    ended before answering: the node did not run it). Errors are raised as the unary call's would be."""
+    def unary() -> pb.ExecuteResponse:
+        return client_stub(addr).Execute(request, timeout=timeout)
+
+    exchange = start_exchange(sessions(addr), request, timeout, idempotent=idempotent)
+    answer = unary() if exchange is None else exchange.answer(unary)
+    if isinstance(answer, pb.ExecuteResponse):
+        return answer
+    if answer.error_code:
+        raise StatementRefused(answer.error_code, answer.error_message)
+    return answer.response
 
 
 def is_read(statement: str) -> bool:

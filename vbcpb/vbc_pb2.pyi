@@ -35,6 +35,16 @@ class Column(_message.Message):
     type: str
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
+class SessionAnswer(_message.Message):
+    __slots__ = ("response", "error_code", "error_message")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    response: ExecuteResponse
+    error_code: str
+    error_message: str
+    def __init__(self, response: _Optional[_Union[ExecuteResponse, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
 class ExecuteRequest(_message.Message):
     __slots__ = ("statement", "page_size", "params", "prepared_id", "arrow_values")
     STATEMENT_FIELD_NUMBER: _ClassVar[int]

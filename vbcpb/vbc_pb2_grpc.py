@@ -51,6 +51,11 @@ class ClientStub:
                 request_serializer=vbcpb_dot_vbc__pb2.PrepareRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.PrepareResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/vbc.v1.Client/Session',
+                request_serializer=vbcpb_dot_vbc__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.SessionAnswer.FromString,
+                _registered_method=True)
 
 
 class ClientServicer:
@@ -81,6 +86,16 @@ class ClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Execute on a call the client keeps open, as a CQL driver keeps its connection: statements one after
+        another, each answered before the next is sent; a refused statement is answered with its error and the
+        session goes on. A node holds a bounded number of sessions and ends them when it stops; a session that
+        ends before answering did not run the statement (common.open_calls).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +113,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.Prepare,
                     request_deserializer=vbcpb_dot_vbc__pb2.PrepareRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.PrepareResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=vbcpb_dot_vbc__pb2.ExecuteRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.SessionAnswer.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -183,6 +203,33 @@ class Client:
             '/vbc.v1.Client/Prepare',
             vbcpb_dot_vbc__pb2.PrepareRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.PrepareResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/vbc.v1.Client/Session',
+            vbcpb_dot_vbc__pb2.ExecuteRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.SessionAnswer.FromString,
             options,
             channel_credentials,
             insecure,
@@ -469,7 +516,8 @@ class InternodeServicer:
 
     def ReplicaWrites(self, request_iterator, context):
         """ReplicaWrite on a call the coordinator keeps open: batches one after another, each answered before the
-        next is sent; a refused batch is answered with its error and the call goes on (common.replica_streams).
+        next is sent; a refused batch is answered with its error and the call goes on (common.stream_pool; a
+        call ended unanswered did not run its batch: common.open_calls).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

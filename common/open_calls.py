@@ -1,0 +1,68 @@
+"""The open calls a node's server holds (replica write streams, client sessions): how many, and their end.
+
+Each open call holds a thread of the server's pool for as long as it is open, so at most `limit` are held: a
+call beyond that is ended at once, unanswered, and its caller turns to unary calls (common.stream_pool). When
+the node stops, `end_all` ends every open call without waiting for the server's grace period: an idle one at
+once (cancelled), a busy one after its answer. A call never runs a request it received after `end_all`, so a
+caller whose stream ended unanswered knows its request did not run.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import grpc
+
+
+class _OpenCall:
+    def __init__(self, context: grpc.ServicerContext):
+        self.context = context
+        self.idle = False
+
+
+class OpenCalls:
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._open: set[_OpenCall] = set()
+        self._ending = False
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def requests(self, request_iterator: Iterator, context: grpc.ServicerContext) -> Iterator:
+        """The requests of one open call, for as long as the node keeps it (none beyond the limit)."""
+        call = _OpenCall(context)
+        with self._lock:
+            if self._ending or len(self._open) >= self._limit:
+                return
+            self._open.add(call)
+        try:
+            while (request := self._next_request(call, request_iterator)) is not None:
+                yield request
+        finally:
+            with self._lock:
+                self._open.discard(call)
+
+    def end_all(self) -> None:
+        """End every open call (the node is stopping) and refuse new ones."""
+        with self._lock:
+            self._ending = True
+            idle = [call for call in self._open if call.idle]
+        for call in idle:
+            call.context.cancel()
+
+    def _next_request(self, call: _OpenCall, request_iterator: Iterator):
+        with self._lock:
+            if self._ending:
+                return None
+            call.idle = True
+        try:
+            request = next(request_iterator, None)
+        except grpc.RpcError:  # the caller cancelled the call, or end_all did
+            request = None
+        with self._lock:
+            call.idle = False
+            return None if self._ending else request
