@@ -1,10 +1,11 @@
 """The gRPC floor of a single-row write: the same calls as one on 3 nodes RF 3, with handlers that do nothing.
 
-A client calls `Client.Execute` on a coordinator process, which sends a one-row batch to two replica processes
-on their open `Internode.ReplicaWrites` calls and answers when both did: the call pattern of a single-row INSERT
-at RF 3, with the nodes' server options, thread pools and peer channels (`common.peers`: standing calls, pooled
-write streams), but no parsing, routing or storage. Its latency is what gRPC in Python costs on this machine at this moment; the write
-path benchmark times it in blocks alternating with its single-row INSERTs and prints the ratio.
+A client runs a statement on its `Client.Session` with a coordinator process (`vbc.client.execute_on`), which
+sends a one-row batch to two replica processes on its open `Internode.ReplicaWrites` calls and answers when
+both did: the call pattern of a single-row INSERT at RF 3, with the nodes' server options, thread pools and
+peer channels (`common.peers`: standing calls, pooled write streams), but no parsing, routing or storage. Its
+latency is what gRPC in Python costs on this machine at this moment; the write path benchmark times it in
+blocks alternating with its single-row INSERTs and prints the ratio.
 
 Run: `.venv/bin/python bench/rpc_floor.py [--count N]`. The servers are child processes that stop when their
 standard input closes, so they end with the benchmark however it ends.
@@ -30,6 +31,7 @@ from grpc_health.v1 import health, health_pb2_grpc  # noqa: E402
 
 from common.peers import Peers  # noqa: E402
 from node.wiring import GRPC_WORKERS, SERVER_OPTIONS  # noqa: E402
+from vbc.client import execute_on  # noqa: E402
 from vbcpb import vbc_pb2 as pb  # noqa: E402
 from vbcpb import vbc_pb2_grpc as rpc  # noqa: E402
 
@@ -47,14 +49,18 @@ class EmptyReplica(rpc.InternodeServicer):
 
 
 class FanOutCoordinator(rpc.ClientServicer):
-    """Answers an Execute once both replicas acknowledged a one-row batch, as a write at RF 3 does."""
+    """Answers a statement once both replicas acknowledged a one-row batch, as a write at RF 3 does."""
 
     def __init__(self, replica_ports: list[str]):
         self._ports = replica_ports
         self._peers = Peers(lambda port: f"127.0.0.1:{port}")
 
+    def Session(self, request_iterator, context):
+        for request in request_iterator:
+            yield pb.SessionAnswer(response=self.Execute(request, context))
+
     def Execute(self, request, context):
-        streams = [self._peers.write_streams(port).take() for port in self._ports]  # one client: never all busy
+        streams = [self._peers.write_streams(port).take(time.monotonic()) for port in self._ports]  # one client
         for stream in streams:
             stream.send(ROW, 10.0, time.monotonic())
         for stream in streams:
@@ -90,9 +96,8 @@ def floor_call() -> Iterator[Callable[[], None]]:
             processes.append(start("replica"))
         coordinator = start("coordinator", *(port for _, port in processes))
         processes.append(coordinator)
-        with grpc.insecure_channel(f"127.0.0.1:{coordinator[1]}") as channel:
-            execute = rpc.ClientStub(channel).Execute
-            yield lambda: execute(REQUEST, timeout=10)
+        address = f"127.0.0.1:{coordinator[1]}"
+        yield lambda: execute_on(address, REQUEST, timeout=10)
     finally:
         for process, _ in processes:
             process.stdin.close()
