@@ -121,3 +121,19 @@ def test_a_node_accepts_the_keepalive_pings_of_its_peers():
     every call in flight on the connection."""
     accepted = dict(SERVER_OPTIONS)["grpc.http2.min_ping_interval_without_data_ms"]
     assert accepted <= dict(CHANNEL_OPTIONS)["grpc.keepalive_time_ms"]
+
+
+def test_the_standing_call_ends_when_its_peer_turns_not_serving_so_the_peer_stops_without_waiting():
+    """A stopping node says NOT_SERVING first; a standing call left open would hold its stop for the whole grace."""
+    server, servicer, port = start_peer()
+    peers = Peers(lambda node: f"127.0.0.1:{port}")
+    try:
+        check(peers, "n2")
+        servicer.wait_for_watches(1)
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        started = time.monotonic()
+        server.stop(grace=5.0).wait()
+        assert time.monotonic() - started < 2.5
+    finally:
+        peers.close()
+        server.stop(0)
