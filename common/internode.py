@@ -75,11 +75,14 @@ class StreamedAck:
             answer = self._exchange.answer(self._unary)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
-        if isinstance(answer, PendingAck):
-            return answer.result()
-        if answer.error_code:
-            raise error_from_status(answer.error_code, answer.error_message)
-        return answer.applied
+        return answer.result() if isinstance(answer, PendingAck) else applied_of(answer)
+
+
+def applied_of(answer: pb.ReplicaOutcome | pb.Ack) -> int:
+    """The rows an open call's answer (or a unary call's Ack) says changed; the refusal it carries, raised."""
+    if isinstance(answer, pb.ReplicaOutcome) and answer.error_code:
+        raise error_from_status(answer.error_code, answer.error_message)
+    return answer.applied
 
 
 def replica_write_timeout(batch: RowBatch) -> float:
@@ -112,7 +115,7 @@ class InternodeTransport:
                              mutation_of: Callable[[Row], pb.Mutation]) -> PendingAck | StreamedAck:
         """On one of the pool's open streams, or as a unary call when none is free."""
         try:
-            pool = self._peers.write_streams(node)
+            pool = self._peers.streams(node, "ReplicaWrites")
         except CoreError as error:
             return PendingAck(error=error)
         message, timeout = batch_to_proto(batch, mutation_of), replica_write_timeout(batch)
@@ -128,9 +131,17 @@ class InternodeTransport:
         return PendingAck(stub.ReplicaWrite.future(message, timeout=timeout))
 
     def view_update(self, node: str, batch: RowBatch) -> int:
-        """Apply view rows on `node`; the number of rows that changed there."""
+        """Apply view rows on `node` (on an open ViewUpdates call, or a unary one when none is free); the number of
+        rows that changed there."""
+        message = batch_to_proto(batch)
+        pool = self._peers.streams(node, "ViewUpdates")
+
+        def unary() -> pb.Ack:
+            return self._peers.internode(node).ViewUpdate(message, timeout=VIEW_UPDATE_TIMEOUT)
+
         try:
-            return self._peers.internode(node).ViewUpdate(batch_to_proto(batch), timeout=VIEW_UPDATE_TIMEOUT).applied
+            exchange = start_exchange(pool, message, VIEW_UPDATE_TIMEOUT, self._clock, idempotent=True)
+            return applied_of(unary() if exchange is None else exchange.answer(unary))
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 

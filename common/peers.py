@@ -96,7 +96,7 @@ class Peers:
         self._channels: dict[str, grpc.Channel] = {}
         self._standing: dict[str, StandingCall] = {}
         self._stubs: dict[str, rpc.InternodeStub] = {}
-        self._pools: dict[str, StreamPool] = {}
+        self._pools: dict[tuple[str, str], StreamPool] = {}  # by (address, method)
         self._lock = threading.Lock()
         self._watch = StreamWatch(self._all_pools)
 
@@ -111,13 +111,14 @@ class Peers:
         with self._lock:
             return self._stub_at(address)
 
-    def write_streams(self, node_id: str) -> StreamPool:
-        """The pool of open ReplicaWrites calls to the node (common.stream_pool)."""
+    def streams(self, node_id: str, method: str) -> StreamPool:
+        """The pool of open calls of a stream-stream Internode `method` (ReplicaWrites, ViewUpdates) to the node
+        (common.stream_pool)."""
         address = self._address(node_id)
         with self._lock:
-            pool = self._pools.get(address)
+            pool = self._pools.get((address, method))
             if pool is None:
-                pool = self._pools[address] = StreamPool(self._stub_at(address).ReplicaWrites)
+                pool = self._pools[(address, method)] = StreamPool(getattr(self._stub_at(address), method))
                 self._watch.start()
             return pool
 

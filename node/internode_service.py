@@ -38,14 +38,11 @@ class InternodeService(rpc.InternodeServicer):
 
     def ReplicaWrites(self, request_iterator, context):
         for request in self._deps.open_calls.requests(request_iterator, context):
-            yield self._replica_outcome(request)
+            yield _outcome(self._apply_base_write, request)
 
-    def _replica_outcome(self, request: pb.MutationBatch) -> pb.ReplicaOutcome:
-        try:
-            return pb.ReplicaOutcome(applied=self._apply_base_write(request))
-        except Exception as error:  # noqa: BLE001 - a refused batch is answered; the call goes on
-            code, message = status_for(error)
-            return pb.ReplicaOutcome(error_code=code.name, error_message=message)
+    def ViewUpdates(self, request_iterator, context):
+        for request in self._deps.open_calls.requests(request_iterator, context):
+            yield _outcome(self._apply_view_update, request)
 
     def _apply_base_write(self, request: pb.MutationBatch) -> int:
         self._deps.observe_timestamp(request.timestamp)
@@ -53,7 +50,10 @@ class InternodeService(rpc.InternodeServicer):
 
     @unary
     def ViewUpdate(self, request, context):
-        return pb.Ack(applied=self._deps.replica.apply_view_update(batch_from_proto(request)))
+        return pb.Ack(applied=self._apply_view_update(request))
+
+    def _apply_view_update(self, request: pb.MutationBatch) -> int:
+        return self._deps.replica.apply_view_update(batch_from_proto(request))
 
     @streaming
     def Scan(self, request, context):
@@ -91,3 +91,12 @@ class InternodeService(rpc.InternodeServicer):
         for position, piece in enumerate(ipc_pieces(rows)):
             yield pb.ArrowChunk(table_id=request.table_id, ipc=piece,
                                 rows=rows.num_rows if position == 0 else 0)
+
+
+def _outcome(apply: Callable[[pb.MutationBatch], int], request: pb.MutationBatch) -> pb.ReplicaOutcome:
+    """The answer to one batch of an open call: the rows `apply` changed, or its refusal (the call goes on)."""
+    try:
+        return pb.ReplicaOutcome(applied=apply(request))
+    except Exception as error:  # noqa: BLE001 - a refused batch is answered; the call goes on
+        code, message = status_for(error)
+        return pb.ReplicaOutcome(error_code=code.name, error_message=message)

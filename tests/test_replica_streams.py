@@ -37,6 +37,7 @@ class FakeReplica:
 
     def __init__(self):
         self.batches: list[RowBatch] = []
+        self.view_batches: list[RowBatch] = []
         self.released = threading.Event()
         self.released.set()
         self._lock = threading.Lock()
@@ -49,6 +50,12 @@ class FakeReplica:
             self.batches.append(written)
         return len(written.rows)
 
+    def apply_view_update(self, written: RowBatch) -> int:
+        if written.table_id == "dropped":
+            raise NotFound("view dropped was dropped")
+        self.view_batches.append(written)
+        return len(written.rows)
+
 
 class CountingInternode(InternodeService):
     """The node's Internode service, counting the calls of each kind and the ReplicaWrites calls still open."""
@@ -59,6 +66,8 @@ class CountingInternode(InternodeService):
                                        open_calls=open_calls))
         self.unary_calls = 0
         self.stream_calls = 0
+        self.unary_view_calls = 0
+        self.view_stream_calls = 0
         self.open_streams = 0
         self.changed = threading.Condition()
 
@@ -67,6 +76,14 @@ class CountingInternode(InternodeService):
             self.unary_calls += 1
             self.changed.notify_all()
         return super().ReplicaWrite(request, context)
+
+    def ViewUpdate(self, request, context):
+        self.unary_view_calls += 1
+        return super().ViewUpdate(request, context)
+
+    def ViewUpdates(self, request_iterator, context):
+        self.view_stream_calls += 1
+        yield from super().ViewUpdates(request_iterator, context)
 
     def ReplicaWrites(self, request_iterator, context):
         with self.changed:
@@ -230,3 +247,12 @@ def test_the_stream_answers_what_the_unary_call_answers():
         message = batch_to_proto(batch(7))
         stub = rpc.InternodeStub(grpc.insecure_channel(f"127.0.0.1:{peer.port}"))
         assert stub.ReplicaWrite(message, timeout=TIMEOUT).applied == write(transport, batch(7)) == 1
+
+
+def test_view_updates_travel_on_one_open_call_and_a_refusal_keeps_its_type():
+    with transport_to_peer() as (transport, peer):
+        assert [transport.view_update("n2", batch(key)) for key in range(3)] == [1, 1, 1]
+        with pytest.raises(NotFound, match="view dropped was dropped"):
+            transport.view_update("n2", batch(9, table_id="dropped"))
+        assert peer.replica.view_batches == [batch(key) for key in range(3)]
+        assert (peer.service.view_stream_calls, peer.service.unary_view_calls) == (1, 0)

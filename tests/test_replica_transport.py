@@ -120,7 +120,7 @@ class FakePeers:
             raise Unavailable(f"node {node!r} is not a member of the cluster")
         return self._stubs[node]
 
-    def write_streams(self, node: str):
+    def streams(self, node: str, method: str):
         self.internode(node)
         return NoFreeStream()
 

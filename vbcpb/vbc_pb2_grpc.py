@@ -475,6 +475,11 @@ class InternodeStub:
                 request_serializer=vbcpb_dot_vbc__pb2.MutationBatch.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.Ack.FromString,
                 _registered_method=True)
+        self.ViewUpdates = channel.stream_stream(
+                '/vbc.v1.Internode/ViewUpdates',
+                request_serializer=vbcpb_dot_vbc__pb2.MutationBatch.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.ReplicaOutcome.FromString,
+                _registered_method=True)
         self.Scan = channel.unary_stream(
                 '/vbc.v1.Internode/Scan',
                 request_serializer=vbcpb_dot_vbc__pb2.ScanRequest.SerializeToString,
@@ -525,6 +530,13 @@ class InternodeServicer:
 
     def ViewUpdate(self, request, context):
         """Apply view mutations produced by the paired base replica.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ViewUpdates(self, request_iterator, context):
+        """ViewUpdate on a call the base replica keeps open, as ReplicaWrites is to ReplicaWrite.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -583,6 +595,11 @@ def add_InternodeServicer_to_server(servicer, server):
                     servicer.ViewUpdate,
                     request_deserializer=vbcpb_dot_vbc__pb2.MutationBatch.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.Ack.SerializeToString,
+            ),
+            'ViewUpdates': grpc.stream_stream_rpc_method_handler(
+                    servicer.ViewUpdates,
+                    request_deserializer=vbcpb_dot_vbc__pb2.MutationBatch.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.ReplicaOutcome.SerializeToString,
             ),
             'Scan': grpc.unary_stream_rpc_method_handler(
                     servicer.Scan,
@@ -693,6 +710,33 @@ class Internode:
             '/vbc.v1.Internode/ViewUpdate',
             vbcpb_dot_vbc__pb2.MutationBatch.SerializeToString,
             vbcpb_dot_vbc__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ViewUpdates(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/vbc.v1.Internode/ViewUpdates',
+            vbcpb_dot_vbc__pb2.MutationBatch.SerializeToString,
+            vbcpb_dot_vbc__pb2.ReplicaOutcome.FromString,
             options,
             channel_credentials,
             insecure,
