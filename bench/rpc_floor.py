@@ -60,7 +60,8 @@ class FanOutCoordinator(rpc.ClientServicer):
             yield pb.SessionAnswer(response=self.Execute(request, context))
 
     def Execute(self, request, context):
-        streams = [self._peers.streams(port, "ReplicaWrites").take(time.monotonic()) for port in self._ports]  # one client
+        streams = [self._peers.streams(port, "ReplicaWrites").take(time.monotonic()) for port in self._ports]
+        assert None not in streams, "one client: a stream is always free"
         for stream in streams:
             stream.send(ROW, 10.0, time.monotonic())
         for stream in streams:

@@ -7,7 +7,6 @@ becomes `Unavailable` whose message names that status.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -93,9 +92,8 @@ def replica_write_timeout(batch: RowBatch) -> float:
 class InternodeTransport:
     """Sends replica writes, view updates and scans to a peer's Internode service (stubs from `Peers`)."""
 
-    def __init__(self, peers: Peers, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, peers: Peers):
         self._peers = peers
-        self._clock = clock
 
     def start_replica_writes(self, writes: list[tuple[str, RowBatch]]) -> list[PendingAck | StreamedAck]:
         """Start sending base writes, each to its node, without waiting; wait on each with `.result()`.
@@ -120,7 +118,7 @@ class InternodeTransport:
             return PendingAck(error=error)
         message, timeout = batch_to_proto(batch, mutation_of), replica_write_timeout(batch)
         unary = functools.partial(self._unary_replica_write, node, message, timeout)
-        exchange = start_exchange(pool, message, timeout, self._clock, idempotent=True)
+        exchange = start_exchange(pool, message, timeout, idempotent=True)
         return unary() if exchange is None else StreamedAck(exchange, unary)
 
     def _unary_replica_write(self, node: str, message: pb.MutationBatch, timeout: float) -> PendingAck:
@@ -140,7 +138,7 @@ class InternodeTransport:
             return self._peers.internode(node).ViewUpdate(message, timeout=VIEW_UPDATE_TIMEOUT)
 
         try:
-            exchange = start_exchange(pool, message, VIEW_UPDATE_TIMEOUT, self._clock, idempotent=True)
+            exchange = start_exchange(pool, message, VIEW_UPDATE_TIMEOUT, idempotent=True)
             return applied_of(unary() if exchange is None else exchange.answer(unary))
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None

@@ -1,7 +1,8 @@
 """The open calls a node's server holds (replica write streams, client sessions): how many, and their end.
 
 Each open call holds a thread of the server's pool for as long as it is open, so at most `limit` are held: a
-call beyond that is ended at once, unanswered, and its caller turns to unary calls (common.stream_pool). When
+call beyond that is refused at once (RESOURCE_EXHAUSTED, unanswered) and its caller turns to unary calls for a
+while (common.stream_pool). When
 the node stops, `end_all` ends every open call without waiting for the server's grace period: an idle one at
 once (cancelled), a busy one after its answer. A call never runs a request it received after `end_all`, so a
 caller whose stream ended unanswered knows its request did not run.
@@ -27,24 +28,28 @@ class OpenCalls:
         self._ending = False
         self._lock = threading.Lock()
 
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return len(self._open)
-
     def requests(self, request_iterator: Iterator, context: grpc.ServicerContext) -> Iterator:
         """The requests of one open call, for as long as the node keeps it (none beyond the limit)."""
         call = _OpenCall(context)
         with self._lock:
-            if self._ending or len(self._open) >= self._limit:
+            if self._ending:
                 return
-            self._open.add(call)
+            full = len(self._open) >= self._limit
+            if not full:
+                self._open.add(call)
+        if full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"this node holds its {self._limit} open calls; "
+                                                              "send requests as unary calls")
+        context.add_callback(lambda: self._forget(call))  # the call may end while no request is being read
         try:
             while (request := self._next_request(call, request_iterator)) is not None:
                 yield request
         finally:
-            with self._lock:
-                self._open.discard(call)
+            self._forget(call)
+
+    def _forget(self, call: _OpenCall) -> None:
+        with self._lock:
+            self._open.discard(call)
 
     def end_all(self) -> None:
         """End every open call (the node is stopping) and refuse new ones."""

@@ -1,5 +1,5 @@
-"""gRPC channels, stubs and write streams to other nodes, cached per address, each channel kept busy while it is
-connected."""
+"""gRPC channels, stubs and pools of open calls to other nodes, cached per address, each channel kept busy while
+it is connected."""
 from __future__ import annotations
 
 import threading
@@ -89,7 +89,7 @@ class StandingCall:
 
 
 class Peers:
-    """Resolves node ids to addresses (through `resolve`) and hands out cached stubs and write stream pools."""
+    """Resolves node ids to addresses (through `resolve`) and hands out cached stubs and pools of open calls."""
 
     def __init__(self, resolve: Callable[[str], str | None]):
         self._resolve = resolve
@@ -98,6 +98,7 @@ class Peers:
         self._stubs: dict[str, rpc.InternodeStub] = {}
         self._pools: dict[tuple[str, str], StreamPool] = {}  # by (address, method)
         self._lock = threading.Lock()
+        self._closed = False
         self._watch = StreamWatch(self._all_pools)
 
     def channel(self, node_id: str) -> grpc.Channel:
@@ -116,6 +117,8 @@ class Peers:
         (common.stream_pool)."""
         address = self._address(node_id)
         with self._lock:
+            if self._closed:
+                raise Unavailable("this node is stopping: no new calls to other nodes")
             pool = self._pools.get((address, method))
             if pool is None:
                 pool = self._pools[(address, method)] = StreamPool(getattr(self._stub_at(address), method))
@@ -125,6 +128,7 @@ class Peers:
     def close(self) -> None:
         self._watch.stop()
         with self._lock:
+            self._closed = True
             standing, channels, pools = (list(self._standing.values()), list(self._channels.values()),
                                          list(self._pools.values()))
             self._standing.clear()

@@ -5,12 +5,14 @@ and a single-row write is little else. Each stream carries one request at a time
 sends a request and reads its answer, then gives it back. A pool opens at most `STREAMS_PER_SERVER` streams
 (each holds a thread of the server: `common.open_calls` bounds them there too); a caller that finds them all
 busy, or the pool backing off, gets None and makes a unary call instead. A server that ends a stream without
-answering (it is stopping, holds as many open calls as it may, or does not have the method) did not run the request: the caller makes
-it a unary call, and the pool opens no stream to that server for `BACKOFF_SECONDS`. `StreamWatch` cancels a
-stream whose answer is late (the request's deadline) and closes streams left idle.
+answering (it is stopping, holds as many open calls as it may, or does not have the method) did not run
+the request: the caller makes it a unary call, and the pool opens no stream to that server for
+`BACKOFF_SECONDS`. `StreamWatch` cancels a stream whose answer is late (the request's deadline) and closes
+streams left idle.
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -23,15 +25,23 @@ IDLE_SECONDS = 30.0
 BACKOFF_SECONDS = 5.0
 WATCH_INTERVAL = 0.2
 
+log = logging.getLogger(__name__)
+
 _END = object()
 # A call the server ended by cancelling it (common.open_calls.end_all), or a server without the method.
 _UNANSWERED = (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNIMPLEMENTED)
+# A call the server refused because it holds as many open calls as it may: its other calls stay good.
+_REFUSED = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 OpenCall = Callable[[Iterator], Iterator]  # a stream-stream multi-callable: request iterator in, answers out
 
 
 class Unanswered(Exception):
     """The server ended the stream without answering: the request did not run."""
+
+    def __init__(self, refused: bool = False):
+        super().__init__()
+        self.refused = refused  # at its limit of open calls, not stopping
 
 
 class Stream:
@@ -56,15 +66,20 @@ class Stream:
     def receive(self):
         """The answer to the request sent.
 
-        Raises Unanswered when the server ended the call first (normally or by cancelling it), grpc.RpcError
-        when the call failed otherwise (the request may have run), or when `timed_out` was set.
+        Raises Unanswered when the server ended the call first (normally, by cancelling it, refusing it at its
+        limit, or not having the method), grpc.RpcError when the call failed otherwise (the request may have
+        run) or when `timed_out` was set.
         """
         try:
             answer = next(self._answers)
         except StopIteration:
             raise Unanswered() from None
         except grpc.RpcError as error:
-            if error.code() in _UNANSWERED and not self.timed_out and not self.pool.closed:
+            if self.timed_out or self.pool.closed:
+                raise
+            if error.code() is _REFUSED:
+                raise Unanswered(refused=True) from None
+            if error.code() in _UNANSWERED:
                 raise Unanswered() from None
             raise
         self.deadline = None
@@ -106,21 +121,22 @@ class StreamPool:
         """Return a stream whose answer was read."""
         with self._lock:
             self._busy.discard(stream)
-            if self.closed or not stream.alive:
+            if self.closed or stream.timed_out or not stream.alive:
                 stream.close()
                 return
             stream.idle_since = now
             self._idle.append(stream)
 
-    def discard(self, stream: Stream, now: float, unanswered: bool = False) -> None:
-        """Close a stream whose call ended; one the server ended `unanswered` starts a back-off."""
+    def discard(self, stream: Stream, now: float, unanswered: Unanswered | None = None) -> None:
+        """Close a stream whose call ended. One the server ended `unanswered` starts a back-off; unless it was
+        refused at the server's limit, the server is stopping, so the idle streams to it are closed too."""
         with self._lock:
             self._busy.discard(stream)
-            if unanswered:
+            idle = []
+            if unanswered is not None:
                 self._backoff_until = now + BACKOFF_SECONDS
-                idle, self._idle = self._idle, []
-            else:
-                idle = []
+                if not unanswered.refused:
+                    idle, self._idle = self._idle, []
         for each in (stream, *idle):
             each.close()
 
@@ -135,10 +151,12 @@ class StreamPool:
         """Cancel the streams whose answer is past its deadline; close those idle for IDLE_SECONDS."""
         with self._lock:
             late = [s for s in self._busy if s.deadline is not None and now > s.deadline]
+            for stream in late:  # marked under the lock: an answer arriving meanwhile closes it in give_back
+                stream.timed_out = True
+                self._busy.discard(stream)
             stale = [s for s in self._idle if now - s.idle_since > IDLE_SECONDS]
             self._idle = [s for s in self._idle if now - s.idle_since <= IDLE_SECONDS]
         for stream in late:
-            stream.timed_out = True
             stream.close()
         for stream in stale:
             stream.close()
@@ -147,9 +165,8 @@ class StreamPool:
 class StreamWatch:
     """A thread that runs `expire` on every pool every WATCH_INTERVAL seconds, started with the first pool."""
 
-    def __init__(self, pools: Callable[[], list[StreamPool]], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, pools: Callable[[], list[StreamPool]]):
         self._pools = pools
-        self._clock = clock
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -165,60 +182,64 @@ class StreamWatch:
 
     def _run(self) -> None:
         while not self._stopped.wait(WATCH_INTERVAL):
-            now = self._clock()
-            for pool in self._pools():
-                pool.expire(now)
+            try:
+                now = time.monotonic()
+                for pool in self._pools():
+                    pool.expire(now)
+            except Exception:  # noqa: BLE001 - the watch is every stream's deadline: it must keep running
+                log.exception("expiring open calls failed; retrying")
 
 
 class Exchange:
     """A request sent on a stream of a pool; `answer` waits for its answer."""
 
-    def __init__(self, stream: Stream, timeout: float, clock: Callable[[], float], idempotent: bool):
+    def __init__(self, stream: Stream, timeout: float, idempotent: bool):
         self._stream = stream
         self._timeout = timeout
-        self._clock = clock
         self._idempotent = idempotent
 
     def answer(self, unary: Callable[[], object]):
         """The stream's answer message, or `unary()` (the request again as a unary call) when the server ended
-        the stream unanswered or, for an `idempotent` request, when the stream failed. Raises grpc.RpcError
-        as a unary call would; DeadlineExceeded when the answer is late."""
+        the stream unanswered or, for an `idempotent` request, when the stream failed (so an answer may take up
+        to the timeout on the stream plus the unary call's own). Raises grpc.RpcError as a unary call would;
+        a StatusError DEADLINE_EXCEEDED when the answer is late."""
         stream, pool = self._stream, self._stream.pool
         try:
             answered = stream.receive()
-        except Unanswered:
-            pool.discard(stream, self._clock(), unanswered=True)
+        except Unanswered as unanswered:
+            pool.discard(stream, time.monotonic(), unanswered)
             return unary()
         except grpc.RpcError:
-            pool.discard(stream, self._clock())
+            pool.discard(stream, time.monotonic())
             if stream.timed_out:
-                raise DeadlineExceeded(f"no answer within {self._timeout:g} s") from None
+                raise StatusError("DEADLINE_EXCEEDED", f"no answer within {self._timeout:g} s") from None
             if self._idempotent:
                 return unary()
             raise
-        pool.give_back(stream, self._clock())
+        pool.give_back(stream, time.monotonic())
         return answered
 
 
-def start_exchange(pool: StreamPool, request, timeout: float, clock: Callable[[], float] = time.monotonic,
-                   idempotent: bool = False) -> Exchange | None:
+def start_exchange(pool: StreamPool, request, timeout: float, idempotent: bool = False) -> Exchange | None:
     """Send `request` on a stream of `pool`; None when no stream is free (make it a unary call)."""
-    stream = pool.take(clock())
+    stream = pool.take(time.monotonic())
     if stream is None:
         return None
-    stream.send(request, timeout, clock())
-    return Exchange(stream, timeout, clock, idempotent)
+    stream.send(request, timeout, time.monotonic())
+    return Exchange(stream, timeout, idempotent)
 
 
-class DeadlineExceeded(grpc.RpcError):
-    """A request on an open stream was not answered within its timeout (as a unary call's DEADLINE_EXCEEDED)."""
+class StatusError(grpc.RpcError):
+    """An error given as a gRPC status code name and details (an answer's refusal, a late answer), raised as the
+    error of a unary call would be: `code()` and `details()`."""
 
-    def __init__(self, details: str):
-        super().__init__(details)
+    def __init__(self, code: str, details: str):
+        super().__init__(f"{code}: {details}")
+        self._code = grpc.StatusCode[code] if code in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
         self._details = details
 
     def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.DEADLINE_EXCEEDED
+        return self._code
 
     def details(self) -> str:
         return self._details

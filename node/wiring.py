@@ -52,8 +52,11 @@ log = logging.getLogger("node.wiring")
 
 DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
-GRPC_WORKERS = 48
-OPEN_CALLS = GRPC_WORKERS // 2  # replica write streams and client sessions: the other half serves unary calls
+GRPC_WORKERS = 48  # threads for unary and server-streaming calls
+# Open calls (common.open_calls) each hold a server thread on top of those: replica write and view update
+# streams from peers (up to 4 + 4 per peer: 8 peers' worth), and client sessions.
+INTERNODE_OPEN_CALLS = 64
+CLIENT_SESSIONS = 32
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -140,7 +143,8 @@ class Node:
             injections=self.injections, metrics=self.metrics)
         self._last_prune = 0.0
         self._health = health.HealthServicer()
-        self._open_calls = OpenCalls(OPEN_CALLS)
+        self._internode_calls = OpenCalls(INTERNODE_OPEN_CALLS)
+        self._sessions = OpenCalls(CLIENT_SESSIONS)
         self._server = self._build_server()
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
@@ -170,7 +174,8 @@ class Node:
         self.view_building.stop()
         self._work_calls.shutdown(wait=False, cancel_futures=True)
         self.worker.close(wait=False)
-        self._open_calls.end_all()
+        self._sessions.end_all()
+        self._internode_calls.end_all()
         self._server.stop(grace=2.0).wait(5.0)
         self._admin.close()
         if self._metrics_server is not None:
@@ -186,9 +191,10 @@ class Node:
         log.info("node %s stopped", self.node_id)
 
     def _build_server(self) -> grpc.Server:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
+        threads = GRPC_WORKERS + INTERNODE_OPEN_CALLS + CLIENT_SESSIONS
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
                              options=SERVER_OPTIONS)
-        rpc.add_ClientServicer_to_server(ClientService(self.executor, self.metrics.statement_errors, self._open_calls),
+        rpc.add_ClientServicer_to_server(ClientService(self.executor, self.metrics.statement_errors, self._sessions),
                                          server)
         self._admin = AdminService(AdminDeps(
             node_id=self.node_id, read_state=self.group0.read, raft_status=self.group0.status,
@@ -197,7 +203,7 @@ class Node:
         rpc.add_AdminServicer_to_server(self._admin, server)
         rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
             replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,
-            wait_schema_applied=self.wait_schema_applied, open_calls=self._open_calls)), server)
+            wait_schema_applied=self.wait_schema_applied, open_calls=self._internode_calls)), server)
         rpc.add_WorkerServicer_to_server(
             WorkerService(self.worker, lambda: self.group0.term, self.catch_up_index, self.injections), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

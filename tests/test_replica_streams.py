@@ -40,9 +40,11 @@ class FakeReplica:
         self.view_batches: list[RowBatch] = []
         self.released = threading.Event()
         self.released.set()
+        self.entered = threading.Event()  # a base write is being applied
         self._lock = threading.Lock()
 
     def apply_base_write(self, written: RowBatch) -> int:
+        self.entered.set()
         assert self.released.wait(TIMEOUT)
         if written.table_id == "dropped":
             raise NotFound("table dropped was dropped")
@@ -189,13 +191,14 @@ def test_a_batch_left_unanswered_fails_at_its_deadline_and_its_stream_is_closed(
         assert write(transport, batch(2)) == 1
 
 
-def test_a_stream_ended_by_a_peer_restart_gives_way_to_a_unary_call():
+def test_a_write_after_a_peer_restart_reaches_the_restarted_peer():
     with transport_to_peer() as (transport, peer):
         assert write(transport, batch(1)) == 1
         peer.stop()
         peer.start()
         assert write(transport, batch(2)) == 1
         assert peer.replica.batches[-1] == batch(2)
+        assert peer.service.stream_calls + peer.service.unary_calls == 1
 
 
 def test_a_stopping_node_ends_its_idle_streams_at_once_and_then_gets_unary_calls():
@@ -212,16 +215,18 @@ def test_a_batch_on_a_stream_ended_by_a_stopping_node_is_not_lost():
     with transport_to_peer() as (transport, peer):
         assert write(transport, batch(1)) == 1
         peer.replica.released.clear()
+        peer.replica.entered.clear()
         [pending] = transport.start_replica_writes([("n2", batch(2))])
-        peer.service.wait_until(lambda s: len(peer.replica.batches) == 1)
+        assert peer.replica.entered.wait(TIMEOUT)
         peer.open_calls.end_all()  # the stream is busy: it ends after its answer
         peer.replica.released.set()
         assert pending.result() == 1
         peer.service.wait_until(lambda s: s.open_streams == 0)
         assert peer.replica.batches == [batch(1), batch(2)]
+        assert peer.service.unary_calls == 0  # answered on the stream
 
 
-def test_a_node_holding_its_limit_of_open_calls_ends_a_new_one_unanswered_and_gets_a_unary_call():
+def test_a_node_holding_its_limit_of_open_calls_refuses_a_new_one_and_gets_unary_calls():
     with transport_to_peer(open_calls_limit=0) as (transport, peer):
         assert write(transport, batch(1)) == 1
         assert write(transport, batch(2)) == 1

@@ -10,7 +10,7 @@ from typing import Callable, Iterable, TypeVar
 import grpc
 
 from common.codec import values_from_proto, values_to_proto
-from common.stream_pool import StreamPool, StreamWatch, start_exchange
+from common.stream_pool import StatusError, StreamPool, StreamWatch, start_exchange
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as pb_grpc
 
@@ -191,21 +191,6 @@ def call_any(addresses: str | Iterable[str], fn: Callable[[str], T], idempotent:
     raise last_error
 
 
-class StatementRefused(grpc.RpcError):
-    """A statement a session answered with an error: `code()` and `details()` as the unary call's error."""
-
-    def __init__(self, code: str, details: str):
-        super().__init__(f"{code}: {details}")
-        self._code = grpc.StatusCode[code] if code in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
 def error_text(error: grpc.RpcError) -> str:
     """`CODE: details` of a gRPC error, as the command line prints it."""
     code = error.code()
@@ -314,7 +299,7 @@ def execute_on(addr: str, request: pb.ExecuteRequest, timeout: float = DEFAULT_T
     if isinstance(answer, pb.ExecuteResponse):
         return answer
     if answer.error_code:
-        raise StatementRefused(answer.error_code, answer.error_message)
+        raise StatusError(answer.error_code, answer.error_message)
     return answer.response
 
 
