@@ -2,17 +2,18 @@
 
 Each open call holds a thread of the server's pool for as long as it is open, so at most `limit` are held: a
 call beyond that is refused at once (RESOURCE_EXHAUSTED, unanswered) and its caller turns to unary calls for a
-while (common.stream_pool). When
-the node stops, `end_all` ends every open call without waiting for the server's grace period: an idle one at
-once (cancelled), a busy one after its answer. A call never runs a request it received after `end_all`, so a
-caller whose stream ended unanswered knows its request did not run.
+while (common.stream_pool). When the node stops, `end_all` ends every open call without waiting for the
+server's grace period: an idle one at once (cancelled), a busy one after its answer. A call never runs a
+request it received after `end_all`, so a caller whose stream ended unanswered knows its request did not run.
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
+
+from common.status import counted_status
 
 
 class _OpenCall:
@@ -46,6 +47,18 @@ class OpenCalls:
                 yield request
         finally:
             self._forget(call)
+
+    def answers(self, servicer, request_iterator: Iterator, context: grpc.ServicerContext,
+                answer: Callable, refusal: Callable[[str, str], object]) -> Iterator:
+        """`answer(request)` for each request of one open call, or `refusal(code name, message)` when it raised
+        (counted by the servicer's error_counter, if any): a refused request ends nothing."""
+        for request in self.requests(request_iterator, context):
+            try:
+                answered = answer(request)
+            except Exception as error:  # noqa: BLE001 - a refused request is answered; the call goes on
+                code, message = counted_status(servicer, error)
+                answered = refusal(code.name, message)
+            yield answered
 
     def _forget(self, call: _OpenCall) -> None:
         with self._lock:

@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.core.errors import Unavailable
-from common.stream_pool import StreamPool, StreamWatch
+from common.stream_pool import StreamPool, StreamPools
 from vbcpb import vbc_pb2_grpc as rpc
 
 CHANNEL_OPTIONS = [
@@ -19,13 +19,6 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),  # keep pinging over a standing call that has nothing to send
     ("grpc.enable_retries", 0),
 ]
-
-
-def describe_error(error: Exception) -> str:
-    """`CODE: details` for a gRPC error, the message for any other."""
-    if isinstance(error, grpc.RpcError):
-        return f"{error.code().name}: {error.details()}"
-    return str(error)
 
 
 class StandingCall:
@@ -96,10 +89,9 @@ class Peers:
         self._channels: dict[str, grpc.Channel] = {}
         self._standing: dict[str, StandingCall] = {}
         self._stubs: dict[str, rpc.InternodeStub] = {}
-        self._pools: dict[tuple[str, str], StreamPool] = {}  # by (address, method)
+        self._pools = StreamPools()  # by (address, method)
         self._lock = threading.Lock()
         self._closed = False
-        self._watch = StreamWatch(self._all_pools)
 
     def channel(self, node_id: str) -> grpc.Channel:
         address = self._address(node_id)
@@ -119,24 +111,16 @@ class Peers:
         with self._lock:
             if self._closed:
                 raise Unavailable("this node is stopping: no new calls to other nodes")
-            pool = self._pools.get((address, method))
-            if pool is None:
-                pool = self._pools[(address, method)] = StreamPool(getattr(self._stub_at(address), method))
-                self._watch.start()
-            return pool
+            return self._pools.get((address, method), lambda: getattr(self._stub_at(address), method))
 
     def close(self) -> None:
-        self._watch.stop()
         with self._lock:
             self._closed = True
-            standing, channels, pools = (list(self._standing.values()), list(self._channels.values()),
-                                         list(self._pools.values()))
+            standing, channels = list(self._standing.values()), list(self._channels.values())
             self._standing.clear()
             self._channels.clear()
             self._stubs.clear()
-            self._pools.clear()
-        for pool in pools:
-            pool.close()
+        self._pools.close(stop_watch=True)
         for call in standing:
             call.close()
         for channel in channels:
@@ -161,6 +145,3 @@ class Peers:
             self._standing[address] = StandingCall(channel, address)
         return channel
 
-    def _all_pools(self) -> list[StreamPool]:
-        with self._lock:
-            return list(self._pools.values())

@@ -190,6 +190,37 @@ class StreamWatch:
                 log.exception("expiring open calls failed; retrying")
 
 
+class StreamPools:
+    """Pools by key (a server, or a server and a method), one StreamWatch over them all."""
+
+    def __init__(self):
+        self._pools: dict[object, StreamPool] = {}
+        self._lock = threading.Lock()
+        self._watch = StreamWatch(self._all)
+
+    def get(self, key, open_call: Callable[[], OpenCall]) -> StreamPool:
+        """The pool of `key`, made with the multi-callable `open_call()` gives the first time."""
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._pools[key] = StreamPool(open_call())
+                self._watch.start()
+            return pool
+
+    def close(self, stop_watch: bool = False) -> None:
+        """Close every pool (`get` makes new ones); with `stop_watch`, for good."""
+        if stop_watch:
+            self._watch.stop()
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
+
+    def _all(self) -> list[StreamPool]:
+        with self._lock:
+            return list(self._pools.values())
+
+
 class Exchange:
     """A request sent on a stream of a pool; `answer` waits for its answer."""
 

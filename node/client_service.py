@@ -4,7 +4,7 @@ from __future__ import annotations
 from common.arrow_values import decode_table, longest_string_bytes, plain_columns
 from common.codec import values_from_proto, values_to_proto
 from common.open_calls import OpenCalls
-from common.status import counted_status, streaming, unary
+from common.status import streaming, unary
 from coordinator.core.errors import InvalidArgument
 from cql.columnar import ArrowValues
 from cql.executor import Executor
@@ -27,15 +27,9 @@ class ClientService(rpc.ClientServicer):
         return self._execute(request)
 
     def Session(self, request_iterator, context):
-        for request in self._open_calls.requests(request_iterator, context):
-            yield self._session_answer(request)
-
-    def _session_answer(self, request: pb.ExecuteRequest) -> pb.SessionAnswer:
-        try:
-            return pb.SessionAnswer(response=self._execute(request))
-        except Exception as error:  # noqa: BLE001 - a refused statement is answered; the session goes on
-            code, message = counted_status(self, error)
-            return pb.SessionAnswer(error_code=code.name, error_message=message)
+        return self._open_calls.answers(
+            self, request_iterator, context, lambda request: pb.SessionAnswer(response=self._execute(request)),
+            lambda code, message: pb.SessionAnswer(error_code=code, error_message=message))
 
     def _execute(self, request: pb.ExecuteRequest) -> pb.ExecuteResponse:
         params = _params(request, self._executor.limits)

@@ -11,7 +11,7 @@ from common.arrow_stream import ipc_pieces, table_from_pieces
 from common.open_calls import OpenCalls
 from common.codec import batch_from_proto, scan_page_to_proto, scan_request_from_proto
 from coordinator.core.errors import InvalidArgument
-from common.status import status_for, streaming, unary
+from common.status import streaming, unary
 from replica.local import LocalData
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
@@ -37,12 +37,12 @@ class InternodeService(rpc.InternodeServicer):
         return pb.Ack(applied=self._apply_base_write(request))
 
     def ReplicaWrites(self, request_iterator, context):
-        for request in self._deps.open_calls.requests(request_iterator, context):
-            yield _outcome(self._apply_base_write, request)
+        answer = _applied(self._apply_base_write)
+        return self._deps.open_calls.answers(self, request_iterator, context, answer, _refused)
 
     def ViewUpdates(self, request_iterator, context):
-        for request in self._deps.open_calls.requests(request_iterator, context):
-            yield _outcome(self._apply_view_update, request)
+        answer = _applied(self._apply_view_update)
+        return self._deps.open_calls.answers(self, request_iterator, context, answer, _refused)
 
     def _apply_base_write(self, request: pb.MutationBatch) -> int:
         self._deps.observe_timestamp(request.timestamp)
@@ -93,10 +93,9 @@ class InternodeService(rpc.InternodeServicer):
                                 rows=rows.num_rows if position == 0 else 0)
 
 
-def _outcome(apply: Callable[[pb.MutationBatch], int], request: pb.MutationBatch) -> pb.ReplicaOutcome:
-    """The answer to one batch of an open call: the rows `apply` changed, or its refusal (the call goes on)."""
-    try:
-        return pb.ReplicaOutcome(applied=apply(request))
-    except Exception as error:  # noqa: BLE001 - a refused batch is answered; the call goes on
-        code, message = status_for(error)
-        return pb.ReplicaOutcome(error_code=code.name, error_message=message)
+def _applied(apply: Callable[[pb.MutationBatch], int]) -> Callable[[pb.MutationBatch], pb.ReplicaOutcome]:
+    return lambda request: pb.ReplicaOutcome(applied=apply(request))
+
+
+def _refused(code: str, message: str) -> pb.ReplicaOutcome:
+    return pb.ReplicaOutcome(error_code=code, error_message=message)

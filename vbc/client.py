@@ -10,7 +10,7 @@ from typing import Callable, Iterable, TypeVar
 import grpc
 
 from common.codec import values_from_proto, values_to_proto
-from common.stream_pool import StatusError, StreamPool, StreamWatch, start_exchange
+from common.stream_pool import StatusError, StreamPool, StreamPools, start_exchange
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as pb_grpc
 
@@ -31,16 +31,8 @@ CHANNEL_OPTIONS = [
 
 _channels: dict[str, grpc.Channel] = {}
 _client_stubs: dict[str, pb_grpc.ClientStub] = {}
-_sessions: dict[str, StreamPool] = {}
 _channels_lock = threading.Lock()
-
-
-def _all_sessions() -> list[StreamPool]:
-    with _channels_lock:
-        return list(_sessions.values())
-
-
-_session_watch = StreamWatch(_all_sessions)
+_sessions = StreamPools()  # by address
 
 
 class ClusterFileError(Exception):
@@ -66,12 +58,10 @@ def _cached_channel(addr: str) -> grpc.Channel:
 def close_all() -> None:
     """Close every cached channel and session (they are re-created when next needed)."""
     with _channels_lock:
-        channels, sessions = list(_channels.values()), list(_sessions.values())
+        channels = list(_channels.values())
         _channels.clear()
         _client_stubs.clear()
-        _sessions.clear()
-    for pool in sessions:
-        pool.close()
+    _sessions.close()
     for channel in channels:
         channel.close()
 
@@ -79,24 +69,15 @@ def close_all() -> None:
 def client_stub(addr: str) -> pb_grpc.ClientStub:
     """The Client stub of `addr`, cached with its channel (making one registers every method, ~12 µs)."""
     with _channels_lock:
-        return _cached_client_stub(addr)
-
-
-def _cached_client_stub(addr: str) -> pb_grpc.ClientStub:
-    stub = _client_stubs.get(addr)
-    if stub is None:
-        stub = _client_stubs[addr] = pb_grpc.ClientStub(_cached_channel(addr))
-    return stub
+        stub = _client_stubs.get(addr)
+        if stub is None:
+            stub = _client_stubs[addr] = pb_grpc.ClientStub(_cached_channel(addr))
+        return stub
 
 
 def sessions(addr: str) -> StreamPool:
     """The open `Session` calls to `addr` (common.stream_pool): statements run on them one at a time."""
-    with _channels_lock:
-        pool = _sessions.get(addr)
-        if pool is None:
-            pool = _sessions[addr] = StreamPool(_cached_client_stub(addr).Session)
-            _session_watch.start()
-        return pool
+    return _sessions.get(addr, lambda: client_stub(addr).Session)
 
 
 def admin_stub(addr: str) -> pb_grpc.AdminStub:
