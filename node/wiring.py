@@ -52,6 +52,7 @@ log = logging.getLogger("node.wiring")
 
 DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
+WAL_CHECKPOINT_INTERVAL = 0.5  # keeps the WAL short, so no write runs a checkpoint itself (NodeStore.checkpoint)
 GRPC_WORKERS = 48  # threads for unary and server-streaming calls
 # Open calls (common.open_calls) each hold a server thread on top of those: replica write and view update
 # streams from peers (up to 4 + 4 per peer: 8 peers' worth), and client sessions.
@@ -160,7 +161,7 @@ class Node:
         if self.config.metrics_addr:
             self._start_metrics(self.config.metrics_addr)
         for target, name in ((self._join, "join"), (self._watch_schema, "schema-watch"),
-                             (self._flush_outbox_loop, "outbox")):
+                             (self._flush_outbox_loop, "outbox"), (self._checkpoint_loop, "checkpoint")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -300,6 +301,13 @@ class Node:
                 self.local.flush_outbox()
             except Exception:  # noqa: BLE001 - the loop must survive; the entries stay queued
                 log.exception("flushing view updates failed; will retry")
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stopping.wait(WAL_CHECKPOINT_INTERVAL):
+            try:
+                self.store.checkpoint()
+            except Exception:  # noqa: BLE001 - the loop must survive; a write checkpoints itself meanwhile
+                log.exception("checkpointing the store's WAL failed; will retry")
 
     # ------------------------------------------------------------ services for the roles
 

@@ -48,13 +48,25 @@ from .upsert import (
 )
 
 Derive = Callable[[Sequence[tuple[Row | None, Row]]], Sequence[tuple[str, bytes]]]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What one background checkpoint found: the frames in the WAL, how many of them the database file now holds,
+    and whether another checkpoint (the writer's own, or a bulk merge's) held the checkpoint lock meanwhile."""
+
+    wal_frames: int
+    checkpointed: int
+    busy: bool
 DeriveStates = Callable[[pa.Table, pa.Table], Sequence[tuple[str, bytes]]]
 
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL truncates longer identifiers
 MAX_PARAMS_PER_STATEMENT = 4000
 SQLITE_PAGE_BYTES = 16_384  # a bulk load of random keys runs ~10% faster than with 4 KiB pages (1M rows measured)
 SQLITE_WRITER_CACHE_KIB = 262_144  # the writer's page cache, grown as used: random-key inserts touch most pages
-SQLITE_CHECKPOINT_PAGES = 16_384  # WAL pages before a checkpoint: a big random-key batch dirties thousands at once
+# WAL pages before the writer checkpoints in its own commit: a big random-key batch dirties thousands at once. A
+# backstop: the node checkpoints in the background (NodeStore.checkpoint) long before a one-row write path gets there.
+SQLITE_CHECKPOINT_PAGES = 16_384
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 PG_WRITER_LOCK_ID = 0x7662635F73746F72  # arbitrary constant naming the store's writer advisory lock
 _IMMEDIATE = "storage_begin_immediate"
@@ -534,6 +546,27 @@ class NodeStore:
                 conn.close()
             conn = self._sqlite_writer = self._write_engine.connect().execution_options(**{_IMMEDIATE: True})
         return conn
+
+    def checkpoint(self) -> Checkpoint | None:
+        """Copy the WAL's committed pages into the SQLite database file without blocking writers or readers
+        (`PRAGMA wal_checkpoint(PASSIVE)`). None on PostgreSQL, which checkpoints by itself.
+
+        Without it the writer checkpoints inside the write that reaches SQLITE_CHECKPOINT_PAGES, copying and
+        syncing that many pages first (measured: 136-155 ms every ~12,000 one-row writes on one store, up to
+        450 ms for a write on 3 nodes with a view). Run every half second, it leaves that write little to copy
+        (measured: the slowest of 20,000 writes with a view's outbox 14.6 ms against 189.5 ms). Under steady
+        writes the WAL still reaches that size: it starts over only at a write that finds it all copied, and
+        writes land while a checkpoint runs; on an idle store the next write starts it over."""
+        if self._is_postgres:
+            return None
+        connection = self._engine.raw_connection()
+        try:
+            cursor = connection.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            [(busy, frames, checkpointed)] = cursor.fetchall()
+            cursor.close()
+        finally:
+            connection.close()
+        return Checkpoint(wal_frames=max(frames, 0), checkpointed=max(checkpointed, 0), busy=bool(busy))
 
     @contextmanager
     def _read(self) -> Iterator[sa.Connection]:

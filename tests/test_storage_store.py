@@ -526,3 +526,48 @@ def test_concurrent_apply_from_eight_threads_loses_nothing(store, spec):
     assert errors == []
     assert_store_holds(store, spec, [m for plan in plans for batch in plan for m in batch])
     assert store.outbox_size() == sum(changed)
+
+
+# --- background checkpoints --------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_copies_the_whole_wal_so_the_next_write_starts_it_over(store, spec):
+    if store.url.get_backend_name() == "postgresql":
+        assert store.checkpoint() is None  # PostgreSQL checkpoints by itself
+        return
+    for batch in range(20):
+        store.apply(spec.table_id, [mutation(f"p{batch}-{i}", "c", marker_ts=1, t=Cell("x" * 200, 1))
+                                    for i in range(50)])
+    full = store.checkpoint()
+    assert full.wal_frames > 20 and full.checkpointed == full.wal_frames and not full.busy
+    store.apply(spec.table_id, [mutation("one-more", "c", marker_ts=2)])
+    after_one_write = store.checkpoint()
+    assert 0 < after_one_write.wal_frames < full.wal_frames  # the WAL holds that write alone
+    assert after_one_write.checkpointed == after_one_write.wal_frames
+    assert_store_holds(store, spec, [mutation(f"p{b}-{i}", "c", marker_ts=1, t=Cell("x" * 200, 1))
+                                     for b in range(20) for i in range(50)] + [mutation("one-more", "c", marker_ts=2)])
+
+
+def test_checkpoints_run_beside_writers_and_readers_without_losing_a_row(store, spec):
+    stop, errors, written = threading.Event(), [], []
+
+    def checkpoints():
+        try:
+            while not stop.is_set():
+                store.checkpoint()
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    checkpointer = threading.Thread(target=checkpoints)
+    checkpointer.start()
+    try:
+        for batch in range(30):
+            rows = [mutation(f"k{batch}-{i}", "c", marker_ts=batch + 1, i=Cell(i, batch + 1)) for i in range(20)]
+            store.apply(spec.table_id, rows)
+            written.extend(rows)
+            scan_all(store, spec)
+    finally:
+        stop.set()
+        checkpointer.join()
+    assert errors == []
+    assert_store_holds(store, spec, written)
