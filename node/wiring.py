@@ -52,7 +52,11 @@ log = logging.getLogger("node.wiring")
 
 DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
-WAL_CHECKPOINT_INTERVAL = 0.5  # keeps the WAL short, so no write runs a checkpoint itself (NodeStore.checkpoint)
+# The store's WAL is checkpointed in the background (NodeStore.checkpoint) after this many write transactions, or
+# after any once this much time passed, looked at every WAL_CHECKPOINT_INTERVAL seconds.
+WAL_CHECKPOINT_INTERVAL = 0.5
+WAL_CHECKPOINT_WRITES = 500
+WAL_CHECKPOINT_MAX_AGE = 30.0
 GRPC_WORKERS = 48  # threads for unary and server-streaming calls
 # Open calls (common.open_calls) each hold a server thread on top of those: replica write and view update
 # streams from peers (up to 4 + 4 per peer: 8 peers' worth), and client sessions.
@@ -303,9 +307,12 @@ class Node:
                 log.exception("flushing view updates failed; will retry")
 
     def _checkpoint_loop(self) -> None:
+        last = time.monotonic()
         while not self._stopping.wait(WAL_CHECKPOINT_INTERVAL):
+            overdue = time.monotonic() - last >= WAL_CHECKPOINT_MAX_AGE
             try:
-                self.store.checkpoint()
+                if self.store.checkpoint(min_writes=1 if overdue else WAL_CHECKPOINT_WRITES) is not None:
+                    last = time.monotonic()
             except Exception:  # noqa: BLE001 - the loop must survive; a write checkpoints itself meanwhile
                 log.exception("checkpointing the store's WAL failed; will retry")
 

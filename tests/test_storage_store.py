@@ -571,3 +571,17 @@ def test_checkpoints_run_beside_writers_and_readers_without_losing_a_row(store, 
         checkpointer.join()
     assert errors == []
     assert_store_holds(store, spec, written)
+
+
+def test_a_checkpoint_waits_for_min_writes_write_transactions_since_the_last(store, spec):
+    if store.url.get_backend_name() == "postgresql":
+        assert store.checkpoint(min_writes=0) is None
+        return
+    store.checkpoint()
+    store.apply(spec.table_id, [mutation("a", "c", marker_ts=1)])
+    store.apply(spec.table_id, [mutation("b", "c", marker_ts=1)])
+    assert store.checkpoint(min_writes=3) is None
+    store.apply(spec.table_id, [mutation("c", "c", marker_ts=1)])
+    done = store.checkpoint(min_writes=3)
+    assert done is not None and done.checkpointed == done.wal_frames > 0
+    assert store.checkpoint(min_writes=1) is None  # nothing written since
