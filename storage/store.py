@@ -50,6 +50,10 @@ from .upsert import (
 Derive = Callable[[Sequence[tuple[Row | None, Row]]], Sequence[tuple[str, bytes]]]
 
 
+class StoreClosed(RuntimeError):
+    """A write reached a store after its `close`."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """What one background checkpoint found: the frames in the WAL, how many of them the database file now holds,
@@ -484,6 +488,7 @@ class NodeStore:
         self._write_lock = threading.Lock()
         self._sqlite_writer: sa.Connection | None = None  # held between writes, under _write_lock
         self._writes_since_checkpoint = 0  # SQLite write transactions since the last `checkpoint`
+        self._closed = False
         self._tables: dict[str, PhysicalTable] = {}
         metadata = sa.MetaData()
         self._outbox = _outbox_table(metadata)
@@ -499,6 +504,7 @@ class NodeStore:
 
     def close(self) -> None:
         with self._write_lock:
+            self._closed = True
             if self._sqlite_writer is not None:
                 self._sqlite_writer.close()
                 self._sqlite_writer = None
@@ -541,8 +547,14 @@ class NodeStore:
 
     def _writer_connection(self) -> sa.Connection:
         """The SQLite writer connection (the caller holds `_write_lock`): one connection held from write to write,
-        as a pool checkout and return per write cost more than a one-row write's own statements."""
+        as a pool checkout and return per write cost more than a one-row write's own statements. A connection
+        still inside a transaction (a ROLLBACK that failed) is dropped for a new one, as the pool would have."""
+        if self._closed:
+            raise StoreClosed("the node store is closed (the node is stopping)")
         conn = self._sqlite_writer
+        if conn is not None and not (conn.closed or conn.invalidated) and (
+                conn.in_transaction() or conn.connection.driver_connection.in_transaction):
+            conn.invalidate()
         if conn is None or conn.closed or conn.invalidated:
             if conn is not None:
                 conn.close()
@@ -566,9 +578,9 @@ class NodeStore:
         if self._is_postgres:
             return None
         with self._write_lock:
-            if self._writes_since_checkpoint < min_writes:
+            if self._closed or self._writes_since_checkpoint < min_writes:
                 return None
-            self._writes_since_checkpoint = 0
+            writes = self._writes_since_checkpoint
         connection = self._engine.raw_connection()
         try:
             cursor = connection.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
@@ -576,6 +588,8 @@ class NodeStore:
             cursor.close()
         finally:
             connection.close()
+        with self._write_lock:
+            self._writes_since_checkpoint -= writes  # the writes it saw; those landing meanwhile count for the next
         return Checkpoint(wal_frames=max(frames, 0), checkpointed=max(checkpointed, 0), busy=bool(busy))
 
     @contextmanager

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from coordinator.core.tokens import token_of as system_token_of
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, merge, state_equal, visible_values, write_ts
-from storage.store import NodeStore
+from storage.store import NodeStore, StoreClosed
 
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
@@ -369,6 +369,32 @@ def test_failing_derive_rolls_back_the_rows(store, spec):
     assert visible_values(store.get(spec.table_id, token_of("p"), ("p", "a"))) == {"t": "kept"}
     assert store.get(spec.table_id, token_of("p"), ("p", "b"), include_tombstones=True) is None
     assert store.outbox_size() == 1
+    store.apply(spec.table_id, [mutation("p", "c", 3)], derive=recording_derive([]))  # the writer goes on
+    store.apply(spec.table_id, [mutation("p", "d", 3)])
+    assert {r.key for r in scan_all(store, spec)} == {("p", "a"), ("p", "c"), ("p", "d")}
+
+
+def test_a_writer_connection_left_inside_a_transaction_is_replaced(store, spec):
+    """A ROLLBACK that failed would leave SQLite's one writer connection mid-transaction: the next write must not
+    inherit it (it would fail on BEGIN, and every write after it)."""
+    if store.url.get_backend_name() == "postgresql":
+        return  # a connection per write there
+    store.apply(spec.table_id, [mutation("p", "a", 1)])
+    store._writer_connection().connection.driver_connection.execute("BEGIN")  # what a failed ROLLBACK leaves
+    store.apply(spec.table_id, [mutation("p", "b", 1)])
+    store.apply(spec.table_id, [mutation("p", "c", 1)], derive=recording_derive([]))
+    assert {r.key for r in scan_all(store, spec)} == {("p", "a"), ("p", "b"), ("p", "c")}
+
+
+def test_a_closed_store_refuses_writes_and_skips_checkpoints(store_url):
+    store = NodeStore(store_url)
+    table = make_spec()
+    store.ensure_table(table)
+    store.close()
+    assert store.checkpoint() is None
+    if store.url.get_backend_name() == "sqlite":
+        with pytest.raises(StoreClosed):
+            store.apply(table.table_id, [mutation("p", "a", 1)])
 
 
 def test_outbox_is_oldest_first_and_acks_remove_entries(store, spec):
@@ -549,12 +575,14 @@ def test_a_checkpoint_copies_the_whole_wal_so_the_next_write_starts_it_over(stor
 
 
 def test_checkpoints_run_beside_writers_and_readers_without_losing_a_row(store, spec):
-    stop, errors, written = threading.Event(), [], []
+    if store.url.get_backend_name() == "postgresql":
+        return  # PostgreSQL checkpoints by itself
+    stop, errors, written, done = threading.Event(), [], [], []
 
     def checkpoints():
         try:
             while not stop.is_set():
-                store.checkpoint()
+                done.append(store.checkpoint())
         except Exception as error:  # pragma: no cover - reported below
             errors.append(error)
 
@@ -570,6 +598,7 @@ def test_checkpoints_run_beside_writers_and_readers_without_losing_a_row(store, 
         stop.set()
         checkpointer.join()
     assert errors == []
+    assert any(checkpoint is not None and checkpoint.checkpointed for checkpoint in done)
     assert_store_holds(store, spec, written)
 
 
