@@ -48,6 +48,19 @@ from .upsert import (
 )
 
 Derive = Callable[[Sequence[tuple[Row | None, Row]]], Sequence[tuple[str, bytes]]]
+DeriveStates = Callable[[pa.Table, pa.Table], Sequence[tuple[str, bytes]]]
+
+MAX_IDENTIFIER_BYTES = 63  # PostgreSQL truncates longer identifiers
+MAX_PARAMS_PER_STATEMENT = 4000
+SQLITE_PAGE_BYTES = 16_384  # a bulk load of random keys runs ~10% faster than with 4 KiB pages (1M rows measured)
+SQLITE_WRITER_CACHE_KIB = 262_144  # the writer's page cache, grown as used: random-key inserts touch most pages
+# WAL pages before the writer checkpoints in its own commit: a big random-key batch dirties thousands at once. A
+# backstop: the node checkpoints in the background (NodeStore.checkpoint) long before a one-row write path gets there.
+SQLITE_CHECKPOINT_PAGES = 16_384
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+PG_WRITER_LOCK_ID = 0x7662635F73746F72  # arbitrary constant naming the store's writer advisory lock
+_IMMEDIATE = "storage_begin_immediate"
+_NAN_KEY = object()  # stands for any NaN key component in dictionary lookups (NaN != NaN)
 
 
 class StoreClosed(RuntimeError):
@@ -62,19 +75,6 @@ class Checkpoint:
     wal_frames: int
     checkpointed: int
     busy: bool
-DeriveStates = Callable[[pa.Table, pa.Table], Sequence[tuple[str, bytes]]]
-
-MAX_IDENTIFIER_BYTES = 63  # PostgreSQL truncates longer identifiers
-MAX_PARAMS_PER_STATEMENT = 4000
-SQLITE_PAGE_BYTES = 16_384  # a bulk load of random keys runs ~10% faster than with 4 KiB pages (1M rows measured)
-SQLITE_WRITER_CACHE_KIB = 262_144  # the writer's page cache, grown as used: random-key inserts touch most pages
-# WAL pages before the writer checkpoints in its own commit: a big random-key batch dirties thousands at once. A
-# backstop: the node checkpoints in the background (NodeStore.checkpoint) long before a one-row write path gets there.
-SQLITE_CHECKPOINT_PAGES = 16_384
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-PG_WRITER_LOCK_ID = 0x7662635F73746F72  # arbitrary constant naming the store's writer advisory lock
-_IMMEDIATE = "storage_begin_immediate"
-_NAN_KEY = object()  # stands for any NaN key component in dictionary lookups (NaN != NaN)
 
 
 @dataclass(frozen=True)
