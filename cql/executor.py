@@ -72,7 +72,9 @@ class Executor:
 
     def _write(self, statement: ast.Statement, params: list[list] | ArrowValues | None, prepared_id: str) -> Result:
         """Run a write; if a replica had already applied a drop of its table that this node had not, catch up
-        and run it once more against the table now under the name (a prepared one is then prepared again)."""
+        and run it once more against the table now under the name (a prepared one is then prepared again). A
+        prepared write whose values do not fit its table catches up too before saying so: a table re-created
+        with other column types, committed but not yet applied here, makes it unprepared instead."""
         try:
             return self._write_once(statement, params)
         except TableDropped:
@@ -80,6 +82,11 @@ class Executor:
             if prepared_id:
                 self._valid_prepared(prepared_id)
             return self._write_once(statement, params)
+        except InvalidArgument:
+            if prepared_id:  # values that do not fit may be meant for a re-created table this node has not seen yet
+                self._catalog.catch_up()
+                self._valid_prepared(prepared_id)
+            raise
 
     def _write_once(self, statement: ast.Statement, params: list[list] | ArrowValues | None) -> Result:
         if isinstance(params, ArrowValues):

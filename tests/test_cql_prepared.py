@@ -270,3 +270,60 @@ def test_arrow_values_the_columns_cannot_hold_go_the_row_path_and_its_errors(clu
     [(table, mutations, _)] = writer.column_writes
     [row] = rows_of_mutations(storage_spec(table), mutations)
     assert (row.key, row.marker_ts, dict(row.cells)) == ((3, 1), 77, {"v": Cell("x", 77)})
+
+
+class RecordingGroup0(FakeGroup0):
+    """group0 as the node that ran the schema changes sees it; `entries` holds what it committed, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.entries = []
+
+    def propose(self, command, timeout: float = 10.0):
+        self.entries.append(command)
+        return super().propose(command, timeout)
+
+
+class LaggingGroup0(FakeGroup0):
+    """group0 on a node that applies what `leader` committed only at a Raft barrier (a follower behind)."""
+
+    def __init__(self, leader: RecordingGroup0):
+        super().__init__()
+        self._leader = leader
+        self._applied = 0
+
+    def barrier(self, timeout: float = 10.0) -> int:
+        for command in self._leader.entries[self._applied:]:
+            super().propose(command)
+        self._applied = len(self._leader.entries)
+        return super().barrier(timeout)
+
+
+def test_values_for_a_recreated_table_this_node_has_not_applied_make_the_statement_unprepared():
+    leader = RecordingGroup0()
+    register_node(leader, "n1")
+    ahead, _ = executor_on(leader)
+    ahead.execute("CREATE KEYSPACE ks WITH replication = {'replication_factor': 1} AND tablets = {'initial': 4}")
+    ahead.execute("CREATE TABLE ks.t (p int, v text, PRIMARY KEY (p))")
+    follower = LaggingGroup0(leader)
+    follower.barrier()
+    behind, writer = executor_on(follower)
+    insert = "INSERT INTO ks.t (p, v) VALUES (?, ?)"
+    prepared = behind.prepare(insert)
+    ahead.execute("DROP TABLE ks.t")
+    ahead.execute("CREATE TABLE ks.t (p int, v int, PRIMARY KEY (p))")
+    with pytest.raises(Unprepared):
+        behind.execute("", params=[[1, 2]], prepared_id=prepared.id)
+    again = behind.prepare(insert)
+    assert behind.execute("", params=[[1, 2]], prepared_id=again.id).message == "ok"
+    [(mutations, _)] = writer.writes
+    assert [row.cells["v"].value for _, row in mutations] == [2]
+
+
+def test_values_that_do_not_fit_an_unchanged_table_stay_invalid_after_catching_up(cluster):
+    executor, group0, _ = cluster
+    prepared = executor.prepare(INSERT)
+    barriers = group0.barriers
+    with pytest.raises(InvalidArgument, match="column 'v' is text"):
+        executor.execute("", params=[[1, 2, 5, 0.5]], prepared_id=prepared.id)
+    assert group0.barriers == barriers + 1
