@@ -30,13 +30,19 @@ def executor_on(group0: FakeGroup0, limits: Limits | None = None) -> tuple[Execu
                     metrics=NodeMetrics(), limits=limits), writer
 
 
-@pytest.fixture
-def cluster():
-    group0 = FakeGroup0()
+def schema_on(group0: FakeGroup0) -> tuple[Executor, RecordingWriter]:
+    """Node n1, keyspace ks and table ks.t (p int, c bigint, v text, d double), made through an executor on group0."""
     register_node(group0, "n1")
     executor, writer = executor_on(group0)
     executor.execute("CREATE KEYSPACE ks WITH replication = {'replication_factor': 1} AND tablets = {'initial': 4}")
     executor.execute("CREATE TABLE ks.t (p int, c bigint, v text, d double, PRIMARY KEY (p, c))")
+    return executor, writer
+
+
+@pytest.fixture
+def cluster():
+    group0 = FakeGroup0()
+    executor, writer = schema_on(group0)
     return executor, group0, writer
 
 
@@ -301,21 +307,17 @@ class LaggingGroup0(FakeGroup0):
 
 def test_values_for_a_recreated_table_this_node_has_not_applied_make_the_statement_unprepared():
     leader = RecordingGroup0()
-    register_node(leader, "n1")
-    ahead, _ = executor_on(leader)
-    ahead.execute("CREATE KEYSPACE ks WITH replication = {'replication_factor': 1} AND tablets = {'initial': 4}")
-    ahead.execute("CREATE TABLE ks.t (p int, v text, PRIMARY KEY (p))")
+    ahead, _ = schema_on(leader)
     follower = LaggingGroup0(leader)
     follower.barrier()
     behind, writer = executor_on(follower)
-    insert = "INSERT INTO ks.t (p, v) VALUES (?, ?)"
-    prepared = behind.prepare(insert)
+    prepared = behind.prepare(INSERT)
     ahead.execute("DROP TABLE ks.t")
-    ahead.execute("CREATE TABLE ks.t (p int, v int, PRIMARY KEY (p))")
+    ahead.execute("CREATE TABLE ks.t (p int, c bigint, v int, d double, PRIMARY KEY (p, c))")
     with pytest.raises(Unprepared):
-        behind.execute("", params=[[1, 2]], prepared_id=prepared.id)
-    again = behind.prepare(insert)
-    assert behind.execute("", params=[[1, 2]], prepared_id=again.id).message == "ok"
+        behind.execute("", params=[[1, 2, 2, 0.5]], prepared_id=prepared.id)
+    again = behind.prepare(INSERT)
+    assert behind.execute("", params=[[1, 2, 2, 0.5]], prepared_id=again.id).message == "ok"
     [(mutations, _)] = writer.writes
     assert [row.cells["v"].value for _, row in mutations] == [2]
 
