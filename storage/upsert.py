@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -256,14 +255,13 @@ class UpsertBindings:
         constants = tuple(value for _, value in self.constants)
         if len(self) < per_statement or per_statement == 1:
             return [], [values + constants for values in zip(*self.columns)]
-        matrix = np.empty((len(self), len(self.varying)), dtype=object)
+        width = len(self.columns)
+        flat = [None] * (len(self) * width)  # row after row, each row's values in `varying` order
         for position, values in enumerate(self.columns):
-            matrix[:, position] = values
-        whole = len(self) // per_statement * per_statement
-        grouped = matrix[:whole].reshape(-1, per_statement * len(self.varying))
-        single = matrix[whole:]
-        return ([tuple(params) + constants for params in grouped.tolist()],
-                [tuple(params) + constants for params in single.tolist()])
+            flat[position::width] = values
+        whole, step = len(self) // per_statement * per_statement * width, per_statement * width
+        return ([tuple(flat[start:start + step]) + constants for start in range(0, whole, step)],
+                [tuple(flat[start:start + width]) + constants for start in range(whole, len(flat), width)])
 
 
 def _constant_value(column: pa.ChunkedArray) -> tuple[bool, object]:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.cells import Cell, ColumnSpec, Row, TableSpec
-from storage.upsert import conformed, mutation_table, rows_of_mutations, state_schema, upsert_sql
+from storage.upsert import UpsertBindings, conformed, mutation_table, rows_of_mutations, state_schema, upsert_sql
 from tests.storage_states import state_tuple
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
@@ -216,3 +216,20 @@ def test_the_columnar_derive_sees_each_changed_row_once_before_and_after(store, 
                 assert was == old.get(key, comparable_state(state_tuple(spec, None)))
     finally:
         store.drop_table(spec.table_id)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(), st.text(max_size=3), st.none() | st.floats(allow_nan=False)),
+                     max_size=40),
+       per_statement=st.integers(1, 9), constants=st.lists(st.none() | st.integers(0, 9), max_size=3))
+def test_statement_parameters_hold_every_row_in_order_grouped_then_one_by_one(rows, per_statement, constants):
+    bindings = UpsertBindings((0, 1, 2), [list(column) for column in zip(*rows)] if rows else [[], [], []],
+                              tuple((3 + i, value) for i, value in enumerate(constants)))
+    grouped, single = bindings.statement_params(per_statement)
+    tail = tuple(constants)
+    assert all(params[len(params) - len(tail):] == tail for params in grouped + single)
+    flattened = [value for params in grouped for value in params[:len(params) - len(tail)]]
+    whole = 0 if len(rows) < per_statement or per_statement == 1 else len(rows) // per_statement * per_statement
+    assert all(len(params) == per_statement * 3 + len(tail) for params in grouped)
+    assert flattened == [value for row in rows[:whole] for value in row]
+    assert [params[:3] for params in single] == rows[whole:]
