@@ -27,6 +27,7 @@ REPLICA_WRITE_SECONDS_PER_ROW = 0.005  # a replica applies a large batch (with i
 VIEW_UPDATE_TIMEOUT = 5.0
 VIEW_ROWS_TIMEOUT = 600.0  # a whole stream of view rows: merging a million rows takes seconds
 SCAN_TIMEOUT = 600.0  # a whole streamed scan; pages are flow-controlled by the consumer
+SCHEMA_AGREEMENT_TIMEOUT = 10.0  # as CQL drivers' wait for schema agreement after DDL (max_schema_agreement_wait)
 
 
 def error_from_rpc(error: grpc.RpcError) -> CoreError:
@@ -182,3 +183,22 @@ class InternodeTransport:
         if chunks and rows.num_rows != chunks[0].rows:
             raise Unavailable(f"{node} sent {rows.num_rows} rows of {table_id}, announced {chunks[0].rows}")
         return rows
+
+    def schema_agreement(self, nodes: list[str], version: int,
+                         timeout: float = SCHEMA_AGREEMENT_TIMEOUT) -> list[str]:
+        """Wait, up to `timeout` in all, until each of `nodes` has applied schema `version` (its SchemaBarrier);
+        "node: why" for each that did not confirm (unreachable, or still applying when the time was up)."""
+        request = pb.SchemaBarrierRequest(schema_version=version, timeout=timeout)
+        calls, problems = [], []
+        for node in nodes:
+            try:
+                calls.append((node, self._peers.internode(node).SchemaBarrier.future(request, timeout=timeout + 1.0)))
+            except CoreError as error:
+                problems.append(f"{node}: {error.message}")
+        for node, call in calls:
+            try:
+                call.result()
+            except grpc.RpcError as error:
+                late = error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                problems.append(f"{node}: " + (f"no answer within {timeout:g}s" if late else error_from_rpc(error).message))
+        return problems

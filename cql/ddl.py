@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from common.injection import Injections
 from coordinator.core.commands import (
@@ -27,16 +28,33 @@ from .result import Result
 DEFAULT_INITIAL_TABLETS = 8
 DDL_TIMEOUT = 20.0
 
+# Waits until every other node has applied a schema version; the nodes that did not (with why) when it gave up.
+SchemaAgreement = Callable[[int], list[str]]
+
 
 class SchemaStatements:
-    """Turns each schema statement into one group0 command and its outcome into a message."""
+    """Turns each schema statement into one group0 command and its outcome into a message.
 
-    def __init__(self, group0: Group0Client, injections: Injections):
+    With a `schema_agreement`, a statement returns once every node applied the new schema (as CQL drivers wait
+    for schema agreement after DDL), so a statement run next on any node finds it; a node that did not confirm
+    in time is named in the message (the change is committed: that node applies it when it catches up)."""
+
+    def __init__(self, group0: Group0Client, injections: Injections,
+                 schema_agreement: SchemaAgreement | None = None):
         self._group0 = group0
         self._injections = injections
+        self._schema_agreement = schema_agreement
 
     def run(self, statement: ast.Statement) -> Result:
-        return _HANDLERS[type(statement)](self, statement)
+        result = _HANDLERS[type(statement)](self, statement)
+        if self._schema_agreement is None:
+            return result
+        version = self._group0.read(lambda state: state.schema_version)
+        disagreeing = self._schema_agreement(version)
+        if disagreeing:
+            result.message += (f" (schema version {version} not yet confirmed by {'; '.join(disagreeing)}: "
+                               "committed, applied there when the node catches up)")
+        return result
 
     def _propose(self, command: Command) -> object:
         self._injections.hit("ddl.before_propose")

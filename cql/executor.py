@@ -14,7 +14,7 @@ from replica.write_path import TableDropped, WriteCoordinator
 from . import BindError, ast, bind, parse
 from .catalog import Catalog, Group0Client, keyspace_of
 from .columnar import ArrowValues, NotColumnar
-from .ddl import SchemaStatements
+from .ddl import SchemaAgreement, SchemaStatements
 from .dml import WRITES, WriteStatements
 from .limits import Limits
 from .prepared import UNPREPARED, Prepared, PreparedCache, Unprepared, changed_table, prepare
@@ -26,9 +26,10 @@ class Executor:
     """Turns statement text (or a prepared statement) into effects on the cluster."""
 
     def __init__(self, group0: Group0Client, writer: WriteCoordinator, reader: ReadCoordinator,
-                 now: Callable[[], int], injections: Injections, metrics: NodeMetrics, limits: Limits | None = None):
+                 now: Callable[[], int], injections: Injections, metrics: NodeMetrics, limits: Limits | None = None,
+                 schema_agreement: SchemaAgreement | None = None):
         self._catalog = Catalog(group0)
-        self._schema = SchemaStatements(group0, injections)
+        self._schema = SchemaStatements(group0, injections, schema_agreement)
         self._writes = WriteStatements(self._catalog, writer, now)
         self._selects = SelectStatements(self._catalog, reader)
         self._metrics = metrics

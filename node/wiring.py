@@ -129,7 +129,7 @@ class Node:
         self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, transport, self.injections)
         self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, transport)
         self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections, self.metrics,
-                                 config.limits)
+                                 config.limits, schema_agreement=self.schema_agreement)
         self._transport = transport
         self.spark = NodeSpark(SparkConfig(master=config.spark_master, driver_memory=config.spark_memory,
                                            java_options=config.spark_java_options,
@@ -414,6 +414,11 @@ class Node:
         if not self.inflight.wait_applied(version, self.schema_version, timeout):
             raise Unavailable(f"node {self.node_id} did not apply schema version {version} within {timeout:g}s "
                               "(writes started under an older schema are still running)")
+
+    def schema_agreement(self, version: int) -> list[str]:
+        """Wait until every other node of the cluster applied schema `version`; those that did not confirm."""
+        others = self.group0.read(lambda s: sorted(node for node in s.nodes if node != self.node_id))
+        return self._transport.schema_agreement(others, version)
 
     def local_status(self) -> pb.LocalStatusResponse:
         return pb.LocalStatusResponse(

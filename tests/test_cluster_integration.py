@@ -345,9 +345,11 @@ def test_prepared_statements_run_by_id_and_are_prepared_again_after_the_table_ch
     # the client library prepares transparently, and again once the table under the name changed
     client.execute(addr(cluster, "n2"), insert, params=[[100, "a"]])
     run(cluster, "n1", "DROP TABLE ps.t")
-    run(cluster, "n1", "CREATE TABLE ps.t (k int, v int, PRIMARY KEY (k))")
+    # DDL returns once every node applied it (schema agreement): the next statement on any node finds it
+    assert run(cluster, "n1", "CREATE TABLE ps.t (k int, v int, PRIMARY KEY (k))")[2] == "created table ps.t"
+    run(cluster, "n3", "INSERT INTO ps.t (k, v) VALUES (5, 6)")
     client.execute(addr(cluster, "n2"), insert, params=[[1, 2], [3, 4]])
-    assert sorted(r["v"] for r in rows(cluster, "n3", "SELECT v FROM ps.t")) == [2, 4]
+    assert sorted(r["v"] for r in rows(cluster, "n3", "SELECT v FROM ps.t")) == [2, 4, 6]
     run(cluster, "n1", "DROP TABLE ps.t")
     with pytest.raises(grpc.RpcError) as caught:
         client.execute(addr(cluster, "n2"), insert, params=[[1, 2]])

@@ -50,7 +50,9 @@ def test_leader_kill_9_then_restart_keeps_ddl_working_and_loses_nothing(tmp_path
         survivors = [n["id"] for n in cluster.nodes if n["id"] != leader]
         cluster.wait_until(lambda: live_status(cluster, exclude=[leader])["leader"] in survivors, timeout=30,
                            message="no new leader after kill -9")
-        client.execute(addr(cluster, survivors[0]), "CREATE TABLE ks.after (k int, PRIMARY KEY (k))")
+        _, _, created = client.execute(addr(cluster, survivors[0]), "CREATE TABLE ks.after (k int, PRIMARY KEY (k))")
+        assert created.startswith("created table ks.after (schema version ")
+        assert f"not yet confirmed by {leader}: " in created and survivors[1] not in created  # the dead node only
         client.execute(addr(cluster, survivors[1]), "CREATE INDEX ON ks.t (v)")
         cluster.start_node(leader)
         cluster.wait_until(lambda: _sees(cluster, leader, "ks.t_v_idx"), timeout=30,

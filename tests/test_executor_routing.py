@@ -141,3 +141,27 @@ def test_statements_are_counted_in_the_nodes_registry(cluster):
     executor.execute("INSERT INTO ks.t (p, c, v) VALUES (1, 1, 'a')")
     assert metrics.registry.get_sample_value("vbc_statements_total", {"kind": "Insert"}) == 1
     assert metrics.registry.get_sample_value("vbc_statements_total", {"kind": "CreateTable"}) == 1
+
+
+def test_ddl_waits_for_schema_agreement_and_names_the_nodes_that_did_not_confirm():
+    group0 = FakeGroup0()
+    register_node(group0, "n1")
+    asked, answers = [], [[], ["n3: no answer within 10s"]]
+
+    def agreement(version):
+        asked.append(version)
+        return answers[len(asked) - 1]
+
+    executor = Executor(group0, RecordingWriter(), RecordingReader(), now=lambda: NOW, injections=Injections(),
+                        metrics=NodeMetrics(), schema_agreement=agreement)
+    created = executor.execute("CREATE KEYSPACE ks WITH replication = {'rf': 1}")
+    assert created.message == "created keyspace ks"
+    assert asked == [group0.read(lambda s: s.schema_version)]
+    table = executor.execute("CREATE TABLE ks.t (p int PRIMARY KEY, v text)")
+    version = group0.read(lambda s: s.schema_version)
+    assert asked == [version - 1, version]
+    assert table.message == (f"created table ks.t (schema version {version} not yet confirmed by "
+                             "n3: no answer within 10s: committed, applied there when the node catches up)")
+    executor.execute("INSERT INTO ks.t (p, v) VALUES (1, 'x')")
+    executor.execute("SELECT * FROM ks.t")
+    assert len(asked) == 2  # only schema statements wait
