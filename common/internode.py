@@ -27,7 +27,9 @@ REPLICA_WRITE_SECONDS_PER_ROW = 0.005  # a replica applies a large batch (with i
 VIEW_UPDATE_TIMEOUT = 5.0
 VIEW_ROWS_TIMEOUT = 600.0  # a whole stream of view rows: merging a million rows takes seconds
 SCAN_TIMEOUT = 600.0  # a whole streamed scan; pages are flow-controlled by the consumer
-SCHEMA_AGREEMENT_TIMEOUT = 10.0  # as CQL drivers' wait for schema agreement after DDL (max_schema_agreement_wait)
+# A schema statement's wait for every node to apply it (CQL drivers wait up to 10 s): with the propose's 20 s
+# (cql.ddl.DDL_TIMEOUT) it stays within a client's 30 s deadline.
+SCHEMA_AGREEMENT_TIMEOUT = 5.0
 
 
 def error_from_rpc(error: grpc.RpcError) -> CoreError:
@@ -188,17 +190,27 @@ class InternodeTransport:
                          timeout: float = SCHEMA_AGREEMENT_TIMEOUT) -> list[str]:
         """Wait, up to `timeout` in all, until each of `nodes` has applied schema `version` (its SchemaBarrier);
         "node: why" for each that did not confirm (unreachable, or still applying when the time was up)."""
-        request = pb.SchemaBarrierRequest(schema_version=version, timeout=timeout)
-        calls, problems = [], []
+        request = pb.SchemaBarrierRequest(schema_version=version, timeout=timeout, schema_only=True)
+        calls, problems = {}, {}
         for node in nodes:
             try:
-                calls.append((node, self._peers.internode(node).SchemaBarrier.future(request, timeout=timeout + 1.0)))
+                calls[node] = self._peers.internode(node).SchemaBarrier.future(request, timeout=timeout + 1.0)
             except CoreError as error:
-                problems.append(f"{node}: {error.message}")
-        for node, call in calls:
+                problems[node] = error.message
+            except ValueError:  # the channel closed under the call: this node is stopping
+                problems[node] = "not asked, this node is stopping"
+        for node, call in calls.items():
             try:
                 call.result()
             except grpc.RpcError as error:
-                late = error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                problems.append(f"{node}: " + (f"no answer within {timeout:g}s" if late else error_from_rpc(error).message))
-        return problems
+                problems[node] = _barrier_failure(error, timeout)
+        return [f"{node}: {problems[node]}" for node in nodes if node in problems]
+
+
+def _barrier_failure(error: grpc.RpcError, timeout: float) -> str:
+    """Why a node did not confirm a schema version, in a few words."""
+    if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"no answer within {timeout:g}s"
+    if error.code() is grpc.StatusCode.UNAVAILABLE:
+        return f"unreachable or still applying ({error.details()})"
+    return error_from_rpc(error).message

@@ -102,6 +102,8 @@ class Peers:
         """The node's Internode stub (cached: making one registers every method with the channel, ~25 µs)."""
         address = self._address(node_id)
         with self._lock:
+            if self._closed:
+                raise Unavailable("this node is stopping: no new calls to other nodes")
             return self._stub_at(address)
 
     def streams(self, node_id: str, method: str) -> StreamPool:

@@ -46,15 +46,19 @@ class SchemaStatements:
         self._schema_agreement = schema_agreement
 
     def run(self, statement: ast.Statement) -> Result:
+        before = self._schema_version()
         result = _HANDLERS[type(statement)](self, statement)
-        if self._schema_agreement is None:
+        version = self._schema_version()
+        if self._schema_agreement is None or version == before:  # IF [NOT] EXISTS with nothing to do
             return result
-        version = self._group0.read(lambda state: state.schema_version)
         disagreeing = self._schema_agreement(version)
         if disagreeing:
-            result.message += (f" (schema version {version} not yet confirmed by {'; '.join(disagreeing)}: "
-                               "committed, applied there when the node catches up)")
+            result.message += (f"; not yet confirmed by {'; '.join(disagreeing)} (the change is committed: "
+                               "a node applies it when it catches up)")
         return result
+
+    def _schema_version(self) -> int:
+        return self._group0.read(lambda state: state.schema_version)
 
     def _propose(self, command: Command) -> object:
         self._injections.hit("ddl.before_propose")

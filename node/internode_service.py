@@ -25,6 +25,7 @@ class InternodeDeps:
     observe_timestamp: Callable[[int], None]
     local_status: Callable[[], pb.LocalStatusResponse]
     wait_schema_applied: Callable[[int, float], None]
+    wait_schema_version: Callable[[int, float], None]
     open_calls: OpenCalls
 
 
@@ -66,7 +67,10 @@ class InternodeService(rpc.InternodeServicer):
 
     @unary
     def SchemaBarrier(self, request, context):
-        self._deps.wait_schema_applied(request.schema_version, request.timeout or 30.0)
+        if request.schema_only:
+            self._deps.wait_schema_version(request.schema_version, request.timeout or 30.0)
+        else:
+            self._deps.wait_schema_applied(request.schema_version, request.timeout or 30.0)
         return self._deps.local_status()
 
     @unary

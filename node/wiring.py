@@ -208,7 +208,8 @@ class Node:
         rpc.add_AdminServicer_to_server(self._admin, server)
         rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
             replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,
-            wait_schema_applied=self.wait_schema_applied, open_calls=self._internode_calls)), server)
+            wait_schema_applied=self.wait_schema_applied, wait_schema_version=self.wait_schema_version,
+            open_calls=self._internode_calls)), server)
         rpc.add_WorkerServicer_to_server(
             WorkerService(self.worker, lambda: self.group0.term, self.catch_up_index, self.injections), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -414,6 +415,10 @@ class Node:
         if not self.inflight.wait_applied(version, self.schema_version, timeout):
             raise Unavailable(f"node {self.node_id} did not apply schema version {version} within {timeout:g}s "
                               "(writes started under an older schema are still running)")
+
+    def wait_schema_version(self, version: int, timeout: float) -> None:
+        if not self.inflight.wait_version(version, self.schema_version, timeout):
+            raise Unavailable(f"node {self.node_id} has not applied schema version {version} within {timeout:g}s")
 
     def schema_agreement(self, version: int) -> list[str]:
         """Wait until every other node of the cluster applied schema `version`; those that did not confirm."""

@@ -42,6 +42,11 @@ class InflightWrites:
         with self._changed:
             return self._changed.wait_for(lambda: self._applied(current_version()) >= target, timeout)
 
+    def wait_version(self, target: int, current_version, timeout: float) -> bool:
+        """Wait until current_version() >= target, whatever writes are still running (woken as `wait_applied`)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: current_version() >= target, timeout)
+
     def _applied(self, current_version: int) -> int:
         return min([current_version, *self._by_version])
 

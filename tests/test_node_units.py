@@ -33,6 +33,28 @@ def test_a_write_registers_under_the_version_it_reads_so_a_newer_schema_waits_fo
     assert inflight.wait_applied(2, lambda: version["now"], timeout=0.05)
 
 
+def test_waiting_for_a_schema_version_alone_does_not_wait_for_older_writes():
+    inflight = InflightWrites()
+    version = {"now": 1}
+    with inflight.track(lambda: version["now"]):
+        assert not inflight.wait_version(2, lambda: version["now"], timeout=0.05)
+        version["now"] = 2
+        assert inflight.wait_version(2, lambda: version["now"], timeout=0.05)  # the version-1 write still runs
+
+
+def test_schema_agreement_names_unreachable_unknown_and_not_asked_nodes_without_raising():
+    dead_address = f"127.0.0.1:{free_port()}"  # nothing listens: a real connection failure
+    peers = Peers(lambda node: dead_address if node == "dead" else None)
+    transport = InternodeTransport(peers)
+    try:
+        dead, unknown = transport.schema_agreement(["dead", "gone"], version=3, timeout=5.0)
+        assert dead.startswith("dead: unreachable or still applying (") and unknown.startswith("gone: ")
+        assert "not a member of the cluster" in unknown
+    finally:
+        peers.close()
+    assert transport.schema_agreement(["dead"], version=3) == ["dead: this node is stopping: no new calls to other nodes"]
+
+
 def test_fail_point_raises_once_when_one_shot():
     injections = Injections()
     injections.enable("read.replica.scan", mode="fail", one_shot=True)

@@ -65,7 +65,7 @@ class CountingInternode(InternodeService):
     def __init__(self, replica: FakeReplica, open_calls: OpenCalls):
         super().__init__(InternodeDeps(replica=replica, observe_timestamp=lambda ts: None,
                                        local_status=lambda: None, wait_schema_applied=lambda version, timeout: None,
-                                       open_calls=open_calls))
+                                       wait_schema_version=lambda version, timeout: None, open_calls=open_calls))
         self.unary_calls = 0
         self.stream_calls = 0
         self.unary_view_calls = 0

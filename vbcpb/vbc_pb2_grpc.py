@@ -557,7 +557,8 @@ class InternodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SchemaBarrier(self, request, context):
-        """Returns once this node applied `schema_version` and finished every write begun before it.
+        """Returns once this node applied `schema_version` and finished every write begun before it (only the
+        former with `schema_only`: a schema statement's wait for schema agreement).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
