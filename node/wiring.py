@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.codec import batch_from_proto_bytes
@@ -46,6 +46,7 @@ from worker.spark_session import DEFAULT_JAVA_OPTIONS, NodeSpark, SparkConfig, d
 
 from .admin_service import AdminDeps, AdminService
 from .client_service import ClientService
+from .health import HealthService
 from .internode_service import InternodeDeps, InternodeService
 
 log = logging.getLogger("node.wiring")
@@ -147,7 +148,7 @@ class Node:
             send_batch=self._send_batch, applied_index=lambda: self.group0.applied_index,
             injections=self.injections, metrics=self.metrics)
         self._last_prune = 0.0
-        self._health = health.HealthServicer()
+        self._health = HealthService()
         self._internode_calls = OpenCalls(INTERNODE_OPEN_CALLS)
         self._sessions = OpenCalls(CLIENT_SESSIONS)
         self._server = self._build_server()

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import common.internode
 import common.stream_pool
@@ -19,6 +19,7 @@ from common.internode import InternodeTransport
 from common.peers import Peers
 from common.replica_messages import RowBatch
 from coordinator.core.errors import NotFound, Unavailable
+from node.health import HealthService
 from node.internode_service import InternodeDeps, InternodeService
 from node.wiring import SERVER_OPTIONS
 from storage.cells import Cell, Row
@@ -116,7 +117,7 @@ class Peer:
     def start(self) -> None:
         self.open_calls = OpenCalls(self.open_calls_limit)
         self.service = CountingInternode(self.replica, self.open_calls)
-        self.health = health.HealthServicer()
+        self.health = HealthService()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=SERVER_OPTIONS)
         rpc.add_InternodeServicer_to_server(self.service, self.server)
