@@ -46,6 +46,7 @@ from typing import Any, Protocol, TypeVar
 from common.injection import InjectedFailure, Injections
 from common.metrics import NodeMetrics
 from coordinator.core.commands import Command
+from coordinator.core.leader_loop import BatchReply
 from coordinator.core.planner import (
     Backoff,
     LogLimiter,
@@ -76,27 +77,6 @@ class Group0Client(Protocol):
     def read(self, fn: Callable[[Group0State], T]) -> T: ...
 
     def propose(self, command: Command, timeout: float = ...) -> Any: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchReply:
-    """A worker's answer to one batch: the ids it finished and, parallel to them, the base rows each one's batch
-    scanned (empty: unknown, counted as 0)."""
-
-    finished: tuple[str, ...]
-    rows_scanned: tuple[int, ...] = ()
-
-    def rows_of(self) -> dict[str, int]:
-        return dict(zip(self.finished, self.rows_scanned))
-
-    @classmethod
-    def from_response(cls, response) -> BatchReply:
-        """From a `WorkResponse`; a worker of an older version sends one row count for its whole batch."""
-        finished = tuple(response.finished_task_ids)
-        rows = tuple(response.finished_rows_scanned)
-        if len(rows) != len(finished):
-            rows = (response.rows_scanned,) * len(finished)
-        return cls(finished, rows)
 
 
 # send_batch(node, shard, task_ids, term, applied_index) -> a future of the worker's BatchReply

@@ -21,12 +21,13 @@ from common.internode import InternodeTransport
 from common.metrics import NodeMetrics, serve_metrics
 from common.open_calls import OpenCalls
 from common.peers import Peers
+from common.worker_client import batch_reply_from_response
 from coordinator.core.commands import RegisterNode
 from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
 from coordinator.core.state import Group0State
 from coordinator.raft import Group0, Group0Unavailable, StateMachineError
-from coordinator.view_building import BatchReply, ViewBuildingLoop
+from coordinator.view_building import ViewBuildingLoop
 from cql.executor import Executor
 from cql.limits import Limits
 from replica.inflight import InflightWrites
@@ -381,12 +382,12 @@ class Node:
         return self._work_calls.submit(self._call_worker, rpc.WorkerStub(self.peers.channel(node)), request)
 
     @staticmethod
-    def _call_worker(stub: rpc.WorkerStub, request: pb.WorkRequest) -> BatchReply:
+    def _call_worker(stub: rpc.WorkerStub, request: pb.WorkRequest):
         try:
             response = stub.WorkOnViewBuildingTasks(request, timeout=WORK_CALL_TIMEOUT)
         except grpc.RpcError as error:
             raise Unavailable(f"{error.code().name}: {error.details()}") from None
-        return BatchReply.from_response(response)
+        return batch_reply_from_response(response)
 
     def _merge_view_rows(self, replica, view, schema_version: int, rows) -> int:
         """A batch's view rows into one view replica: this node's without an RPC, another's over MergeViewRows."""
