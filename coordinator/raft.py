@@ -355,6 +355,16 @@ class Group0:
     def is_leader(self) -> bool:
         return self._syncobj is not None and self._syncobj._isLeader()
 
+    def leadership(self) -> tuple[bool, int]:
+        """Whether this node leads, and the Raft term, as one consistent pair: the leader flag is read between two
+        reads of the term that agree (the term only grows), so a node that steps down and learns a newer term
+        meanwhile never reports leading the newer one."""
+        while True:
+            term = self.term
+            leader = self.is_leader
+            if self.term == term:
+                return leader, term
+
     def status(self) -> dict:
         status = {"node_id": self._node_id, "raft_addr": self._raft_addr, "started": self._syncobj is not None,
                   "closed": self._closed.is_set(), "applied_index": self.applied_index}

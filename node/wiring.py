@@ -142,11 +142,10 @@ class Node:
                                   self._merge_view_rows, self.injections)
         self._parallel_batches = max(2, config.shards)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
-                                     self.build_job, max_parallel=self._parallel_batches)
+                                     self.build_job, lambda: self.group0.term, max_parallel=self._parallel_batches)
         self._work_calls = futures.ThreadPoolExecutor(max_workers=WORK_CALL_THREADS, thread_name_prefix="work-call")
         self.view_building = ViewBuildingLoop(
-            group0=self.group0, term=lambda: self.group0.term, is_leader=lambda: self.group0.is_leader,
-            send_batch=self._send_batch, applied_index=lambda: self.group0.applied_index,
+            group0=self.group0, leadership=self.group0.leadership, send_batch=self._send_batch, applied_index=lambda: self.group0.applied_index,
             injections=self.injections, metrics=self.metrics)
         self._last_prune = 0.0
         self._health = HealthService()
@@ -213,7 +212,7 @@ class Node:
             wait_schema_applied=self.wait_schema_applied, wait_schema_version=self.wait_schema_version,
             open_calls=self._internode_calls)), server)
         rpc.add_WorkerServicer_to_server(
-            WorkerService(self.worker, lambda: self.group0.term, self.catch_up_index, self.injections), server)
+            WorkerService(self.worker, self.catch_up_index, self.injections), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Client", "Admin", "Internode", "Worker")]
         reflection.enable_server_reflection(names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

@@ -6,7 +6,7 @@ from unittest.mock import ANY
 
 import pytest
 
-from coordinator.core.errors import Unavailable
+from coordinator.core.errors import StaleTerm, Unavailable
 from coordinator.core.schema import TASK_BUILD_RANGE, Replica, Task
 from worker.executor import BatchCancelled, WorkerExecutor
 from worker.tasks import Answer
@@ -16,11 +16,12 @@ WAIT = 10
 
 
 class MemoryLedger:
-    """The ledger's contract in memory; `events` shows when ids became durable relative to the answers."""
+    """The ledger's contract in memory; `events` (shared with the answers' callbacks) shows when ids became durable
+    relative to the answers."""
 
-    def __init__(self, ids=()):
+    def __init__(self, ids=(), events=None):
         self.ids = dict(ids) if isinstance(ids, dict) else dict.fromkeys(ids, 0)
-        self.events = []
+        self.events = [] if events is None else events
 
     def all(self):
         return dict(self.ids)
@@ -73,7 +74,7 @@ def task(task_id, view="v1", shard=0):
 def worker():
     tasks = {t.id: t for t in (task("a", "v1"), task("b", "v2"), task("c", "v1", shard=1))}
     ledger, jobs = MemoryLedger(), Jobs()
-    executor = WorkerExecutor("n1", ledger, lambda: dict(tasks), jobs)
+    executor = WorkerExecutor("n1", ledger, lambda: dict(tasks), jobs, raft_term=lambda: 1)
     yield executor, tasks, ledger, jobs
     for gate in jobs.release.values():
         gate.set()
@@ -98,20 +99,38 @@ def call(executor, *args):
 
 def test_a_batch_runs_once_for_repeated_calls_and_is_recorded_before_the_answer(worker):
     executor, _, ledger, jobs = worker
-    first, first_result = call(executor, 1, 0, ["a", "b"])
+    first = executor.submit(1, 0, ["a", "b"])
     jobs.wait_started(1)
-    second, second_result = call(executor, 1, 0, ["b", "a"])  # a repeated call attaches
+    second = executor.submit(1, 0, ["b", "a"])  # a repeated call attaches
+    for name, future in (("first", first), ("second", second)):
+        # runs on the thread that delivers the answer, at that moment: one event log with the ledger's writes
+        future.add_done_callback(lambda f, name=name: ledger.events.append(("answer", name, f.result().finished)))
     jobs.finish(jobs.started[0][0].batch_id)
-    first.join(WAIT), second.join(WAIT)
+    assert set(first.result(WAIT).finished) == {"a", "b"} == set(second.result(WAIT).finished)
     assert len(jobs.started) == 1
-    assert set(first_result["answer"].finished) == {"a", "b"} == set(second_result["answer"].finished)
-    assert first_result["answer"].rows_scanned == (200, 200) and ledger.ids == {"a": 200, "b": 200}
-    assert ledger.events == [("record", ("a", "b"))] and executor.counters.tasks_finished == 2
+    assert first.result().rows_scanned == (200, 200) and ledger.ids == {"a": 200, "b": 200}
+    assert ledger.events == [("record", ("a", "b")), ("answer", "first", ("a", "b")),
+                             ("answer", "second", ("b", "a"))], "the ids are durable before any answer leaves"
+    assert executor.counters.tasks_finished == 2
+
+
+def test_the_term_fence_is_checked_under_the_lock_against_the_nodes_raft_term(worker):
+    executor, tasks, _, jobs = worker
+    terms = iter([3, 3])
+    fenced = WorkerExecutor("n1", MemoryLedger(), lambda: dict(tasks), jobs, raft_term=lambda: next(terms))
+    try:
+        with pytest.raises(StaleTerm, match="stale coordinator term 2: this worker has seen term 3"):
+            fenced.submit(2, 0, ["a"])
+        with pytest.raises(Unavailable, match="term 4 is ahead"):
+            fenced.submit(4, 0, ["a"])
+        assert jobs.started == []
+    finally:
+        fenced.close()
 
 
 def test_finished_ids_are_answered_from_the_ledger_after_a_restart(worker):
     _, tasks, _, jobs = worker
-    restarted = WorkerExecutor("n1", MemoryLedger({"a": 120}), lambda: dict(tasks), jobs)
+    restarted = WorkerExecutor("n1", MemoryLedger({"a": 120}), lambda: dict(tasks), jobs, raft_term=lambda: 1)
     try:
         assert restarted.work(1, 0, ["a"], timeout=WAIT) == Answer(ANY, ("a",), rows_scanned=(120,))
         assert jobs.started == [] and restarted.counters.tasks_answered_from_ledger == 1

@@ -1,73 +1,52 @@
-"""The worker's term fence (worker/service.py TermFence): older terms refused, newer ones raise it past the node's."""
+"""The worker's term fence (worker/tasks.py, checked once per call): older terms refused, newer ones admitted only
+once the node's own Raft term has caught up."""
 from __future__ import annotations
-
-import threading
 
 import pytest
 
-from coordinator.core.errors import FailedPrecondition, Unavailable
-from worker.service import TermFence
+from coordinator.core.errors import FailedPrecondition, StaleTerm, Unavailable
+from coordinator.core.schema import TASK_BUILD_RANGE, Replica, Task
+from worker.tasks import StartBatch, WorkerTasks
+
+TASKS = {"a": Task("a", TASK_BUILD_RANGE, "b" * 32, "v1", Replica("n1", 0), 0)}
 
 
-def test_a_term_older_than_the_nodes_own_is_refused():
-    fence = TermFence()
-    with pytest.raises(FailedPrecondition, match="stale coordinator term 2: this worker has seen term 3"):
-        fence.check(2, current_term=3)
-    with pytest.raises(FailedPrecondition):
-        fence.admit(2, current_term=3)
-    assert fence.highest == 0
+def call(worker: WorkerTasks, term: int, raft_term: int) -> list:
+    return worker.work(f"call of term {term}", term, 0, ["a"], TASKS, raft_term=raft_term)
 
 
-def test_a_term_ahead_of_the_nodes_own_is_retried_until_the_node_caught_up_and_then_raises_the_fence():
-    fence = TermFence()
+def test_a_term_older_than_the_nodes_own_is_refused_as_stale():
+    worker = WorkerTasks("n1")
+    with pytest.raises(StaleTerm, match="stale coordinator term 2: this worker has seen term 3"):
+        call(worker, 2, raft_term=3)
+    assert worker.newest_term == 0 and worker.batches() == ()
+
+
+def test_a_stale_term_is_a_failed_precondition():
+    assert issubclass(StaleTerm, FailedPrecondition) and StaleTerm("x").code == "FAILED_PRECONDITION"
+
+
+def test_a_term_ahead_of_the_nodes_own_is_unavailable_until_the_node_caught_up_and_then_raises_the_fence():
+    worker = WorkerTasks("n1")
     with pytest.raises(Unavailable, match="term 7 is ahead of this node's group0 term 5"):
-        fence.check(7, current_term=5)  # a stray client's bogus term cannot raise the fence
-    assert fence.highest == 0
-    fence.check(7, current_term=7)  # after the read barrier the node knows the caller's term
-    fence.admit(7, current_term=7)
-    assert fence.highest == 7
-    with pytest.raises(FailedPrecondition, match="stale coordinator term 5: this worker has seen term 7"):
-        fence.check(5, current_term=7)  # the deposed leader is refused
+        call(worker, 7, raft_term=5)  # a stray client's bogus term cannot raise the fence
+    assert worker.newest_term == 0
+    assert isinstance(call(worker, 7, raft_term=7)[0], StartBatch)  # after the read barrier the node knows it
+    assert worker.newest_term == 7
+    with pytest.raises(StaleTerm, match="stale coordinator term 5: this worker has seen term 7"):
+        call(worker, 5, raft_term=5)  # the deposed leader is refused, even by a node whose term lags
 
 
 def test_the_same_term_is_admitted_again_and_the_fence_never_goes_back():
-    fence = TermFence()
-    fence.admit(4, current_term=4)
-    fence.admit(4, current_term=4)
-    fence.check(4, current_term=4)
-    with pytest.raises(FailedPrecondition):
-        fence.check(3, current_term=4)
-    assert fence.highest == 4
-
-
-def test_admit_checks_again_so_a_call_overtaken_by_a_newer_term_is_refused():
-    fence = TermFence()
-    fence.check(3, current_term=3)  # call of term 3 checked ...
-    fence.admit(4, current_term=3)  # ... a call of term 4 is admitted meanwhile ...
-    with pytest.raises(FailedPrecondition):
-        fence.admit(3, current_term=3)  # ... so term 3 is not admitted after all
-    assert fence.highest == 4
+    worker = WorkerTasks("n1")
+    call(worker, 4, raft_term=4)
+    assert call(worker, 4, raft_term=4) == []  # attached to the running batch
+    with pytest.raises(StaleTerm):
+        call(worker, 3, raft_term=3)
+    assert worker.newest_term == 4
 
 
 def test_a_restarted_worker_still_refuses_terms_older_than_its_nodes_raft_term():
-    fence = TermFence()  # a fresh process: nothing admitted yet, the node's Raft term survived the restart
-    with pytest.raises(FailedPrecondition):
-        fence.check(6, current_term=8)
-
-
-def test_concurrent_admissions_leave_the_fence_at_the_newest_term():
-    fence = TermFence()
-    errors = []
-
-    def admit(term: int) -> None:
-        try:
-            fence.admit(term)
-        except FailedPrecondition:
-            errors.append(term)
-
-    threads = [threading.Thread(target=admit, args=(t,)) for t in range(1, 41)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert fence.highest == 40 and 40 not in errors
+    worker = WorkerTasks("n1", {"a": 5})  # a fresh process: nothing admitted yet, the Raft term survived the restart
+    with pytest.raises(StaleTerm):
+        call(worker, 6, raft_term=8)

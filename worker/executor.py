@@ -66,37 +66,45 @@ class WorkerExecutor:
     """One node's worker: answers calls (blocking until their batch ends), runs one job per started batch."""
 
     def __init__(self, node_id: str, ledger: Ledger, read_tasks: Callable[[], Mapping[str, Task]],
-                 run_batch: RunBatch, max_parallel: int = 4):
+                 run_batch: RunBatch, raft_term: Callable[[], int], max_parallel: int = 4):
         self._ledger = ledger
         self._read_tasks = read_tasks
+        self._raft_term = raft_term
         self._run_batch = run_batch
         self._book = WorkerTasks(node_id, ledger.all())
         self._lock = threading.Lock()
-        self._answers: dict[object, Future] = {}
+        self._answers: dict[Future, Future] = {}  # the calls waiting for an answer, each its own key
         self._controls: dict[int, BatchControl] = {}
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="view-build")
         self.counters = WorkerCounters()
 
     def work(self, term: int, shard: int, task_ids: list[str], timeout: float | None = None) -> Answer:
         """Handle one WorkOnViewBuildingTasks call; returns when its ids are finished or its batch failed."""
-        caller, answer = object(), Future()
-        with self._lock:
-            self._answers[caller] = answer
-            try:
-                instructions = self._book.work(caller, term, shard, task_ids, self._read_tasks())
-                if instructions and all(isinstance(i, Answer) for i in instructions):
-                    self.counters.tasks_answered_from_ledger += sum(len(i.finished) for i in instructions)
-                self._carry_out(instructions)
-            except BaseException:
-                self._answers.pop(caller, None)
-                raise
+        answer = self.submit(term, shard, task_ids)
         try:
             return answer.result(timeout)
         except TimeoutError:
             raise Unavailable(f"the batch of {', '.join(task_ids)} is still running; call again to wait for it") from None
         finally:
             with self._lock:
-                self._answers.pop(caller, None)
+                self._answers.pop(answer, None)
+
+    def submit(self, term: int, shard: int, task_ids: list[str]) -> Future:
+        """Take one call under the lock (the term fence, then answer, attach or start): a future of its Answer.
+        Refusals raise a CoreError."""
+        answer = Future()
+        with self._lock:
+            self._answers[answer] = answer
+            try:
+                instructions = self._book.work(answer, term, shard, task_ids, self._read_tasks(),
+                                               raft_term=self._raft_term())
+                if instructions and all(isinstance(i, Answer) for i in instructions):
+                    self.counters.tasks_answered_from_ledger += sum(len(i.finished) for i in instructions)
+                self._carry_out(instructions)
+            except BaseException:
+                self._answers.pop(answer, None)
+                raise
+        return answer
 
     def tasks_changed(self) -> None:
         """group0 applied something: tasks deleted or aborted leave their batches."""
@@ -151,7 +159,7 @@ class WorkerExecutor:
         self.counters.tasks_finished += len(record.task_ids)
 
     def _answer(self, answer: Answer) -> None:
-        future = self._answers.get(answer.caller)
+        future = self._answers.pop(answer.caller, None)
         if future is not None and not future.done():
             future.set_result(answer)
 

@@ -14,7 +14,11 @@ one lock, and carries out the instructions they return, in order:
 - `PruneLedger`: delete ids from the durable ledger.
 
 Rules:
-- A call from a term older than the newest this worker accepted is refused (FAILED_PRECONDITION).
+- The term fence, checked once per call: a call from a term older than the newest this worker admitted or than
+  its node's own Raft term is refused (`StaleTerm`, FAILED_PRECONDITION: the caller no longer leads); one from a
+  term ahead of the node's Raft term is refused as UNAVAILABLE (the adapter first caught up with the caller's
+  group0 index, so a real leader's term is known by then: a stray client's bogus term cannot raise the fence and
+  lock out the real leader). Admitting a call raises the fence to its term.
 - Ids group0 no longer holds (deleted after the coordinator read them) or holds aborted are not worked on;
   an answer lists only the call's finished ids, so the coordinator never removes a task nobody finished.
 - One batch per shard. A call arriving while its shard runs a batch attaches to that batch and is answered when
@@ -31,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.core.errors import FailedPrecondition, InvalidArgument
+from coordinator.core.errors import InvalidArgument, StaleTerm, Unavailable
 from coordinator.core.schema import Replica, Task
 
 # -------------------------------------------------------------------- instructions
@@ -80,16 +84,6 @@ class PruneLedger:
 
 
 Instruction = StartBatch | TasksLeftBatch | CancelBatch | RecordFinished | Answer | PruneLedger
-
-
-# -------------------------------------------------------------------- the term rule
-
-
-def refuse_stale_term(term: int, newest: int) -> None:
-    """FAILED_PRECONDITION for a call from a term older than the newest one seen."""
-    if term < newest:
-        raise FailedPrecondition(f"stale coordinator term {term}: this worker has seen term {newest}; "
-                                 "the caller is no longer the group0 leader")
 
 
 # -------------------------------------------------------------------- the state machine
@@ -141,13 +135,14 @@ class WorkerTasks:
 
     # ----------------------------------------------------------------- events
 
-    def work(self, caller: Hashable, term: int, shard: int, task_ids: Sequence[str],
-             tasks: Mapping[str, Task]) -> list[Instruction]:
+    def work(self, caller: Hashable, term: int, shard: int, task_ids: Sequence[str], tasks: Mapping[str, Task], *,
+             raft_term: int) -> list[Instruction]:
         """A call `WorkOnViewBuildingTasks(term, shard, task_ids)`; `tasks` is group0's task table, caught up
-        to the caller's applied index. Refusals raise a CoreError (the adapter maps it to a status)."""
+        to the caller's applied index, and `raft_term` this node's Raft term. Refusals raise a CoreError (the
+        adapter maps it to a status)."""
         if not task_ids:
             raise InvalidArgument("an empty batch of view building tasks")
-        refuse_stale_term(term, self._newest_term)
+        self._check_term(term, raft_term)
         named = tuple(dict.fromkeys(task_ids))
         known = [tasks[i] for i in named if i in tasks]
         self._check_batch(shard, known)
@@ -210,6 +205,14 @@ class WorkerTasks:
         return [PruneLedger(stale)]
 
     # ----------------------------------------------------------------- helpers
+
+    def _check_term(self, term: int, raft_term: int) -> None:
+        newest = max(self._newest_term, raft_term)
+        if term < newest:
+            raise StaleTerm(f"stale coordinator term {term}: this worker has seen term {newest}; "
+                            "the caller is no longer the group0 leader")
+        if term > raft_term:
+            raise Unavailable(f"term {term} is ahead of this node's group0 term {raft_term}; retry once it caught up")
 
     def _check_batch(self, shard: int, known: list[Task]) -> None:
         foreign = [t.id for t in known if t.replica != Replica(self.node_id, shard)]

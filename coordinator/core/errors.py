@@ -32,9 +32,18 @@ class Unavailable(CoreError):
     code = "UNAVAILABLE"
 
 
+class StaleTerm(FailedPrecondition):
+    """A leader's command or call from a Raft term older than the newest one seen: a newer leader took over."""
+
+
 ERRORS_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable)}
 
 
-def error_from_code(code: str, message: str) -> CoreError:
-    """Rebuild a typed error from its code name (used after a result crossed Raft or gRPC)."""
-    return ERRORS_BY_CODE.get(code, CoreError)(message)
+ERRORS_BY_NAME = {cls.__name__: cls for cls in (*ERRORS_BY_CODE.values(), StaleTerm)}
+
+
+def error_from_code(code: str, message: str, kind: str | None = None) -> CoreError:
+    """Rebuild a typed error from its code name, or its class name `kind` when given (used after a result crossed
+    Raft or gRPC)."""
+    cls = ERRORS_BY_NAME.get(kind or "") or ERRORS_BY_CODE.get(code, CoreError)
+    return cls(message)

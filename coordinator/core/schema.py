@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from .errors import CoreError, error_from_code
+
 NODE_NORMAL = "normal"
 TASK_BUILD_RANGE = "build_range"
 TASK_PROCESS_STAGING = "process_staging"
@@ -129,7 +131,13 @@ class Outcome:
     value: object = None
     error_code: str | None = None
     error_message: str | None = None
+    error_kind: str | None = None  # the class name of the typed refusal (`StaleTerm`, say); see `error`
 
     @property
     def ok(self) -> bool:
         return self.error_code is None
+
+    @property
+    def error(self) -> CoreError | None:
+        """The refusal as a typed error (`StaleTerm`, `NotFound`, ...), None when the command was applied."""
+        return None if self.ok else error_from_code(self.error_code, self.error_message or "", self.error_kind)

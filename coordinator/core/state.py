@@ -89,7 +89,7 @@ class Group0State:
             typed = command if isinstance(command, Command) else decode(command)
             return Outcome(value=_HANDLERS[type(typed)](self, typed))
         except CoreError as error:
-            return Outcome(error_code=error.code, error_message=error.message)
+            return Outcome(error_code=error.code, error_message=error.message, error_kind=type(error).__name__)
 
     def _remember(self, cmd_id: str, outcome: Outcome) -> None:
         self._recent[cmd_id] = outcome

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .commands import FinishViewBuildingTasks, SetProcessingBase
-from .errors import FailedPrecondition, InvalidArgument, NotFound
+from .errors import InvalidArgument, NotFound, StaleTerm
 from .ids import derived_id
 from .schema import BUILD_STARTED, BUILD_SUCCESS, TASK_BUILD_RANGE, Replica, Table, Task
 
@@ -125,7 +125,7 @@ def check_loop_term(state: Group0State, term: int) -> None:
         raise InvalidArgument(f"invalid loop term {term!r}: a leader's Raft term is a positive integer")
     newest = state.view_building_term
     if term < newest:
-        raise FailedPrecondition(f"stale term {term}: a newer leader (term {newest}) has taken over")
+        raise StaleTerm(f"stale term {term}: a newer leader (term {newest}) has taken over")
 
 
 def _record_loop_term(state: Group0State, term: int) -> None:
