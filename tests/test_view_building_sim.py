@@ -1,21 +1,29 @@
-"""Deterministic simulation of view building: planner-driven leader loops, fenced workers and group0, under faults.
+"""Deterministic simulation of view building: the real leader loop, worker core and group0 state machine, under faults.
 
-No processes, threads or clocks: each schedule is one seeded `random.Random` choosing, step by step, which
-message to deliver (or lose, or duplicate), which proposal to commit (late, twice, or never), which batch to
-finish (or fail), which node replicates, crashes or restarts, when the leader changes and when views are
-created or dropped. The deposed leader's loop keeps running on its lagging state until it notices. After the
-faults stop, a fair schedule must build every view. Checked at every step:
+No processes, threads or clocks. Every node runs the real `LeaderLoop` (coordinator/core/leader_loop.py), the
+real worker core `WorkerTasks` (worker/tasks.py: term fence, batches, ledger) and applies the log with the real
+`Group0State.apply`; the simulation only plays the network, Raft and the disks. Each schedule is one seeded
+`random.Random` choosing, step by step, which message to deliver (or lose, duplicate, or mangle: an answer missing
+some ids, or naming ids of other tasks), which proposal to commit (late, twice, after its proposer gave up, or
+never), which batch to finish (or fail), which node replicates, installs a snapshot, crashes (also between
+recording finished ids and answering) or restarts, when the leader changes and when views are created or dropped.
+A deposed leader's loop keeps running on its lagging state until it notices. After the faults stop, a fair
+schedule must build every view. Checked at every step:
 
-- `apply` refuses a loop command from a term older than the newest loop term it has seen;
-- a FinishViewBuildingTasks removes only tasks some worker executed (and recorded in its ledger);
-- a view is BUILT only when none of its tasks remain and every task created for it was executed;
+- `apply` refuses a loop command from a term older than the newest loop term it has seen, with a typed `StaleTerm`;
+- a FinishViewBuildingTasks removes only tasks some worker recorded in its durable ledger, each with the rows
+  its batch recorded;
+- a view is BUILT only when none of its tasks remain and every task created for it was recorded;
 - a node's build status is SUCCESS only when it holds no task of the view;
-- a worker starts a batch only for a term at least the highest it admitted and its node's Raft term, never for
-  a task it holds as finished, never on a shard already running a batch, never twice for one task at once;
-- every plan has one batch per (node, shard), sharing type, base, replica and tablet, one task per view.
+- a view's rows done and tasks done never go down;
+- a worker starts a batch only under its node's current Raft term, never for a task it holds as finished, never on
+  a shard already running a batch, never twice for one task at once;
+- every batch a loop sends shares type, base, replica and tablet, one task per view, none it holds as finished;
+- `LeaderLoop.validate()` after every event it handles.
 """
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import random
 from collections import Counter
@@ -34,20 +42,25 @@ from coordinator.core.commands import (
     RegisterNode,
     WhereTerm,
 )
-from coordinator.core.errors import CoreError
-from coordinator.core.planner import Backoff, Plan, RetrySchedule, pending_finished, plan_dispatch, plan_flush
-from coordinator.core.schema import BUILD_SUCCESS, Replica
-from coordinator.core.state import Group0State
-from worker.service import TermFence
-from worker.tasks import (
-    Answer,
-    CancelBatch,
-    PruneLedger,
-    RecordFinished,
-    StartBatch,
-    TasksLeftBatch,
-    WorkerTasks,
+from coordinator.core.errors import CoreError, StaleTerm, Unavailable
+from coordinator.core.leader_loop import (
+    Applied,
+    BatchAnswered,
+    BatchFailed,
+    BatchReply,
+    Event,
+    LeaderLoop,
+    LeadershipChanged,
+    LoopConfig,
+    ProposalDone,
+    ProposeCommand,
+    SendBatch,
+    Tick,
 )
+from coordinator.core.planner import Backoff
+from coordinator.core.schema import BUILD_SUCCESS
+from coordinator.core.state import Group0State
+from worker.tasks import Answer, CancelBatch, PruneLedger, RecordFinished, StartBatch, TasksLeftBatch, WorkerTasks
 
 CHUNKS = 20
 SEEDS_PER_CHUNK = 100  # 2,000 schedules
@@ -57,61 +70,57 @@ STEP_SECONDS = 0.05
 COLUMNS = (ColumnSpec("k", "int"), ColumnSpec("c", "int"), ColumnSpec("v", "text"))
 VIEW_WHERE = (WhereTerm("c", "IS NOT NULL", None), WhereTerm("k", "IS NOT NULL", None))
 MAX_VIEWS = 5
+LOOP_CONFIG = LoopConfig(backoff=Backoff(initial=0.1, maximum=1.0))
 
 
-# ----------------------------------------------------------------- actors
-
-
-@dataclass(eq=False)
-class Loop:
-    """The view building loop of one leader term, as coordinator/view_building.py runs it."""
-
-    term: int
-    node: str
-    in_flight: dict[Replica, int] = field(default_factory=dict)
-    finished: set[str] = field(default_factory=set)
-    retry: RetrySchedule = field(default_factory=lambda: RetrySchedule(Backoff(initial=0.1, maximum=1.0)))
-    outstanding: set[Command] = field(default_factory=set)
-    next_call: int = 0
-    stopped: bool = False
+# ----------------------------------------------------------------- what the simulation plays: processes and messages
 
 
 @dataclass(eq=False)
 class Node:
+    """One node: its process (loop, worker core, running batches) and what survives a restart (ledger, Raft term)."""
+
     id: str
     shards: int
     state: Group0State = field(default_factory=Group0State)
     applied: int = 0
-    raft_term: int = 1  # durable
+    raft_term: int = 1  # durable: the newest Raft term this node has heard of
+    leading: bool = False  # believes it leads raft_term
     up: bool = True
-    ledger: set[str] = field(default_factory=set)  # durable
-    fence: TermFence = field(default_factory=TermFence)
+    incarnation: int = 0  # bumped by every restart: answers to an older process's loop are lost with it
+    ledger: dict[str, int] = field(default_factory=dict)  # durable: finished id -> rows its batch scanned
+    loop: LeaderLoop = field(default_factory=lambda: LeaderLoop(LOOP_CONFIG))
     worker: WorkerTasks | None = None
     running: dict[int, StartBatch] = field(default_factory=dict)
-    max_admitted: int = 0  # of this worker process, tracked by the simulation
 
     def __post_init__(self) -> None:
-        self.worker = WorkerTasks(self.id)
+        self.worker = WorkerTasks(self.id, self.ledger)
 
 
 @dataclass(frozen=True, eq=False)
 class Request:
-    loop: Loop
-    call: int
+    """A WorkOnViewBuildingTasks call from the loop of `node` (its process `incarnation`); also the worker's caller."""
+
     node: str
-    shard: int
-    term: int
-    task_ids: tuple[str, ...]
-    applied_index: int
+    incarnation: int
+    send: SendBatch
 
 
 @dataclass(frozen=True, eq=False)
 class Reply:
-    loop: Loop
-    call: int
-    replica: Replica
-    finished: tuple[str, ...] = ()
+    request: Request
+    reply: BatchReply | None = None
     error: str | None = None
+
+
+@dataclass(eq=False)
+class Proposal:
+    node: str
+    incarnation: int
+    epoch: int
+    command: Command  # as the loop asked for it; committed with `cmd_id`, as the shell gives each proposal its own
+    cmd_id: str
+    answered: bool = False
 
 
 # ----------------------------------------------------------------- the simulated cluster
@@ -127,12 +136,15 @@ class Simulation:
         self.nodes = {f"n{i}": Node(f"n{i}", shards) for i in range(1, count + 1)}
         self.log: list[Command] = []
         self.truth = Group0State()
-        self.executed: set[str] = set()
+        self.recorded: dict[str, int] = {}  # every id any worker wrote to its durable ledger, with its rows
         self.created: dict[str, set[str]] = {}
+        self.progress: dict[str, tuple[int, int]] = {}  # view -> the most (rows done, tasks done) seen
         self.network: list[Request | Reply] = []
-        self.proposals: list[tuple[Loop, Command]] = []
+        self.proposals: list[Proposal] = []
         self.now = 0.0
         self.views_made = 0
+        self.cmd_ids = 0
+        self.cmd_ids_applied: set[str | None] = set()
         for node in self.nodes.values():
             self.append(RegisterNode(node_id=node.id, grpc="g", raft="r", shards=shards, cmd_id=None))
         self.append(CreateKeyspace(name="ks", rf=rng.randint(1, count), initial_tablets=rng.choice((1, 2, 4)),
@@ -146,26 +158,32 @@ class Simulation:
         for node in self.nodes.values():
             self.restore(node)
         self.term = 1
-        self.loops = [Loop(1, "n1")]
+        self.leader = "n1"
+        self.nodes["n1"].leading = True
 
     # ------------------------------------------------------------- group0
 
-    def append(self, command: Command, loop: Loop | None = None) -> None:
-        """Commit `command` to the log; check what applying it did."""
+    def append(self, command: Command, proposer_term: int | None = None) -> CoreError | None:
+        """Commit `command` to the log; check what applying it did. The refusal, if any."""
         before_tasks = set(self.truth.tasks)
         before_term = self.truth.view_building_term
         outcome = self.truth.apply(command)
         self.log.append(command)
-        if loop is not None and loop.term < before_term:
-            assert outcome.error_code == "FAILED_PRECONDITION" and "stale term" in outcome.error_message
+        first_time = command.cmd_id is None or command.cmd_id not in self.cmd_ids_applied
+        self.cmd_ids_applied.add(command.cmd_id)
+        if proposer_term is not None and proposer_term < before_term and first_time:  # a repeat: its first outcome
+            assert isinstance(outcome.error, StaleTerm), outcome
             self.stats["stale commands refused"] += 1
         assert self.truth.view_building_term >= before_term
         removed = before_tasks - set(self.truth.tasks)
         if isinstance(command, FinishViewBuildingTasks):
-            assert removed <= self.executed, f"removed tasks nobody executed: {removed - self.executed}"
+            assert removed <= set(self.recorded), f"removed tasks nobody recorded: {removed - set(self.recorded)}"
+            rows = dict(zip(command.task_ids, command.rows_scanned or (0,) * len(command.task_ids)))
+            assert all(rows[i] == self.recorded[i] for i in removed), "a task removed with another batch's rows"
         if isinstance(command, CreateView) and outcome.ok:
             self.created[command.id] = set(self.truth.tasks) - before_tasks
         self.check_state()
+        return outcome.error
 
     def check_state(self) -> None:
         truth = self.truth
@@ -173,9 +191,16 @@ class Simulation:
         for key, status in truth.build_status.items():
             assert status != BUILD_SUCCESS or key not in holding, f"SUCCESS with tasks left: {key}"
         for view_id in self.created:
-            if view_id in truth.tables and truth.view_is_built(view_id):
+            if view_id not in truth.tables:
+                continue
+            if truth.view_is_built(view_id):
                 assert not any(True for _ in truth.tasks_of_view(view_id))
-                assert self.created[view_id] <= self.executed, "BUILT with tasks never executed"
+                assert self.created[view_id] <= set(self.recorded), "BUILT with tasks never recorded"
+            progress = truth.view_progress(view_id)
+            now = (progress["rows_done"], progress["tasks_done"])
+            before = self.progress.get(view_id, (0, 0))
+            assert now[0] >= before[0] and now[1] >= before[1], f"progress of {view_id} went back: {before} -> {now}"
+            self.progress[view_id] = now
 
     def catch_up(self, node: Node, index: int) -> None:
         """Apply the log on `node` up to `index` (replication, or the worker's read barrier)."""
@@ -185,10 +210,20 @@ class Simulation:
         while node.applied < index:
             node.state.apply(self.log[node.applied])
             node.applied += 1
+        self.after_apply(node)
+
+    def after_apply(self, node: Node) -> None:
+        """What a node's schema watch does after group0 changed: tasks leave batches; prune once caught up."""
         if node.up:
             self.run_worker(node, node.worker.tasks_changed(node.state.tasks))
             if node.applied == len(self.log):
                 self.run_worker(node, node.worker.prune(node.state.tasks))
+
+    def install_snapshot(self, node: Node) -> None:
+        """The leader sends `node` its state instead of the log entries it lacks: the state is replaced."""
+        node.state, node.applied = pickle.loads(pickle.dumps(self.truth)), len(self.log)
+        self.stats["snapshot installs"] += 1
+        self.after_apply(node)
 
     def create_view(self) -> None:
         self.views_made += 1
@@ -203,93 +238,83 @@ class Simulation:
             self.append(DropView(keyspace="ks", name=self.rng.choice(views).name, cmd_id=None))
             self.stats["views dropped"] += 1
 
-    # ------------------------------------------------------------- the leader loop
+    def commit(self, proposal: Proposal) -> None:
+        refusal = self.append(dataclasses.replace(proposal.command, cmd_id=proposal.cmd_id), proposal.command.term)
+        self.answer_proposal(proposal, refusal)
 
-    @property
-    def loop(self) -> Loop:
-        return self.loops[-1]
-
-    def live_nodes(self) -> frozenset[str]:
-        return frozenset(n.id for n in self.nodes.values() if n.up)
-
-    def dispatch(self, loop: Loop) -> None:
-        node = self.nodes[loop.node]
-        if loop is self.loop:
-            self.catch_up(node, len(self.log))  # a leader has applied everything committed
-        busy = set(loop.in_flight) | loop.retry.waiting(self.now)
-        plan = plan_dispatch(node.state, loop.term, busy, self.live_nodes(), loop.finished)
-        if plan.deposed:
-            loop.stopped = True
-            self.stats["loops that noticed they were deposed"] += 1
+    def answer_proposal(self, proposal: Proposal, refusal: CoreError | None) -> None:
+        """The proposer learns the outcome (once; nobody hears it if its process is gone)."""
+        node = self.nodes[proposal.node]
+        if proposal.answered or not node.up or node.incarnation != proposal.incarnation:
             return
-        check_plan(node.state, plan, busy, loop.finished)
-        for batch in plan.batches:
-            loop.next_call += 1
-            loop.in_flight[batch.replica] = loop.next_call
-            self.send(Request(loop, loop.next_call, batch.node, batch.shard, loop.term, batch.task_ids, node.applied))
-        for command in plan.commands:
-            self.propose(loop, command)
+        proposal.answered = True
+        self.step_loop(node, ProposalDone(proposal.epoch, proposal.command, refusal))
 
-    def flush(self, loop: Loop) -> None:
-        state = self.nodes[loop.node].state
-        loop.finished = set(pending_finished(state, loop.finished))
-        command = plan_flush(state, loop.term, loop.finished)
-        if command is not None:
-            self.propose(loop, command)
+    # ------------------------------------------------------------- the leader loops
 
-    def propose(self, loop: Loop, command: Command) -> None:
-        if command not in loop.outstanding:
-            loop.outstanding.add(command)
-            self.proposals.append((loop, command))
-
-    def time_out(self, loop: Loop, replica: Replica) -> None:
-        del loop.in_flight[replica]
-        loop.retry.failed(replica, self.now)
+    def step_loop(self, node: Node, *events: Event) -> None:
+        """Feed a node's loop its leadership, the time and what it applied, then `events`; carry out its answer."""
+        if node.id == self.leader and node.leading:
+            self.catch_up(node, len(self.log))  # a leader has applied everything committed
+        loop = node.loop
+        was_deposed = loop.deposed
+        instructions = loop.handle(node.state, LeadershipChanged(node.leading, node.raft_term), Tick(self.now),
+                                   Applied(node.applied), *events)
+        loop.validate()
+        if loop.deposed and not was_deposed:
+            self.stats["loops that noticed they were deposed"] += 1
+        sent = set()
+        for instruction in instructions:
+            if isinstance(instruction, SendBatch):
+                check_batch(node.state, instruction, loop, sent)
+                self.network.append(Request(node.id, node.incarnation, instruction))
+            elif isinstance(instruction, ProposeCommand):
+                self.cmd_ids += 1
+                self.proposals.append(Proposal(node.id, node.incarnation, instruction.epoch, instruction.command,
+                                               f"c{self.cmd_ids}"))
 
     def receive(self, reply: Reply) -> None:
-        loop = reply.loop
-        if loop.stopped:
-            return
-        if loop.in_flight.get(reply.replica) == reply.call:
-            del loop.in_flight[reply.replica]
-            if reply.error is None:
-                loop.retry.succeeded(reply.replica)
-            else:
-                loop.retry.failed(reply.replica, self.now)
-        if reply.error is None:
-            loop.finished.update(reply.finished)
+        request = reply.request
+        node = self.nodes[request.node]
+        if not node.up or node.incarnation != request.incarnation:
+            return  # the calling process is gone
+        send = request.send
+        if reply.error is not None:
+            self.step_loop(node, BatchFailed(send.epoch, send.batch, reply.error, self.rng.random()))
+        else:
+            self.step_loop(node, BatchAnswered(send.epoch, send.batch, reply.reply))
 
     def change_leader(self) -> None:
         self.term += 1
-        leader = self.rng.choice(sorted(self.live_nodes()))
-        self.nodes[leader].raft_term = self.term
-        for old in self.loops:
-            if self.rng.random() < 0.5 or not self.nodes[old.node].up:
-                old.stopped = True
-        self.loops.append(Loop(self.term, leader))
+        self.leader = self.rng.choice(sorted(n.id for n in self.nodes.values() if n.up))
+        new = self.nodes[self.leader]
+        new.raft_term, new.leading = self.term, True
+        for node in self.nodes.values():
+            if node is not new and (self.rng.random() < 0.5 or not node.up):
+                self.learn_term(node)  # the old leader may go on believing it leads until it hears of the new term
         self.stats["leader changes"] += 1
+
+    def learn_term(self, node: Node) -> None:
+        if node.raft_term < self.term or node.id != self.leader:
+            node.leading = node.leading and node.id == self.leader
+        node.raft_term = self.term
 
     # ------------------------------------------------------------- workers
 
-    def send(self, message: Request | Reply) -> None:
-        self.network.append(message)
-
     def serve(self, request: Request) -> None:
-        """The worker servicer: fence, read barrier, admit, then the pure batch logic."""
-        node = self.nodes[request.node]
+        """The worker servicer's part: catch up with the caller's group0 index, then the worker core decides."""
+        node = self.nodes[request.send.batch.node]
         if not node.up:
+            self.network.append(Reply(request, error="UNAVAILABLE: connection refused"))
             return
-        replica = Replica(request.node, request.shard)
+        self.catch_up(node, request.send.applied_index)
+        batch = request.send.batch
         try:
-            node.fence.check(request.term, node.raft_term)
-            self.catch_up(node, request.applied_index)
-            node.fence.admit(request.term, node.raft_term)
-            node.max_admitted = max(node.max_admitted, request.term)
-            instructions = node.worker.work((request.loop, request.call, replica), request.term, request.shard,
-                                            request.task_ids, node.state.tasks)
+            instructions = node.worker.work(request, request.send.term, batch.shard, batch.task_ids,
+                                            node.state.tasks, raft_term=node.raft_term)
         except CoreError as error:
             self.stats[f"worker refused: {error.code}"] += 1
-            self.send(Reply(request.loop, request.call, replica, error=error.code))
+            self.network.append(Reply(request, error=f"{error.code}: {error.message}"))
             return
         if not instructions:
             self.stats["calls attached to a running batch"] += 1
@@ -297,112 +322,100 @@ class Simulation:
             self.stats["calls answered from the ledger"] += 1
         self.run_worker(node, instructions)
 
-    def run_worker(self, node: Node, instructions: list) -> None:
-        for instruction in instructions:
+    def run_worker(self, node: Node, instructions: list, may_crash: bool = False) -> None:
+        for position, instruction in enumerate(instructions):
+            if may_crash and position and self.rng.random() < 0.05 and sum(n.up for n in self.nodes.values()) > 1:
+                if isinstance(instructions[position - 1], RecordFinished):
+                    self.stats["worker crashes between recording and answering"] += 1
+                self.crash(node, [a.caller for a in instructions[position:] if isinstance(a, Answer)])
+                return
             if isinstance(instruction, StartBatch):
                 self.check_start(node, instruction)
                 node.running[instruction.batch_id] = instruction
             elif isinstance(instruction, CancelBatch):
-                del node.running[instruction.batch_id]
+                node.running.pop(instruction.batch_id, None)
                 self.stats["batches cancelled"] += 1
             elif isinstance(instruction, RecordFinished):
-                node.ledger.update(instruction.task_ids)
+                rows = dict(zip(instruction.task_ids, instruction.rows_scanned))
+                node.ledger.update(rows)
+                self.recorded.update(rows)
             elif isinstance(instruction, PruneLedger):
-                node.ledger.difference_update(instruction.task_ids)
+                for task_id in instruction.task_ids:
+                    node.ledger.pop(task_id, None)
                 self.stats["ledger prunes"] += 1
             elif isinstance(instruction, Answer):
-                loop, call, replica = instruction.caller
-                self.send(Reply(loop, call, replica, instruction.finished, instruction.error))
+                self.answer(instruction)
             else:
                 assert isinstance(instruction, TasksLeftBatch)
                 self.stats["tasks that left a running batch"] += 1
 
+    def answer(self, answer: Answer) -> None:
+        if answer.error is not None:
+            self.network.append(Reply(answer.caller, error=answer.error))
+        else:
+            self.network.append(Reply(answer.caller, BatchReply(answer.finished, answer.rows_scanned)))
+
     def check_start(self, node: Node, start: StartBatch) -> None:
-        assert start.term >= node.max_admitted and start.term >= node.raft_term, "a batch started under a stale term"
+        assert start.term == node.raft_term == node.worker.newest_term, "a batch started under a stale term"
         assert all(b.shard != start.shard for b in node.running.values()), "two batches on one shard"
         running = {i for b in node.running.values() for i in b.task_ids}
         assert not running & set(start.task_ids), "a task executed twice concurrently"
-        assert not node.ledger & set(start.task_ids), "a finished task executed again"
-        assert all(t.replica == Replica(node.id, start.shard) for t in start.tasks)
+        assert not set(node.ledger) & set(start.task_ids), "a finished task executed again"
+        assert all(t.replica.node == node.id and t.replica.shard == start.shard for t in start.tasks)
 
-    def finish_batch(self, node: Node, batch_id: int, fail: bool) -> None:
+    def finish_batch(self, node: Node, batch_id: int, fail: bool, may_crash: bool = False) -> None:
         del node.running[batch_id]
         if fail:
             self.stats["batches failed"] += 1
             self.run_worker(node, node.worker.batch_failed(batch_id, "injected failure"))
             return
-        instructions = node.worker.batch_succeeded(batch_id, node.state.tasks)
-        for instruction in instructions:
-            if isinstance(instruction, RecordFinished):
-                self.executed.update(instruction.task_ids)
-        self.run_worker(node, instructions)
+        rows = self.rng.randint(0, 1000)
+        self.run_worker(node, node.worker.batch_succeeded(batch_id, node.state.tasks, rows_scanned=rows), may_crash)
 
-    def crash(self, node: Node) -> None:
-        node.up = False
-        node.running = {}
+    def crash(self, node: Node, unanswered: list[Request] = ()) -> None:
+        """The process dies: its loop, running batches and waiting callers (their calls fail) go; the ledger and Raft
+        term stay."""
+        callers = [*unanswered, *(caller for batch in node.worker.batches() for caller in batch.callers)]
+        for caller in callers:
+            self.network.append(Reply(caller, error="UNAVAILABLE: the worker's node went down"))
+        node.up, node.running, node.leading = False, {}, False
         self.stats["worker crashes"] += 1
+        if node.id == self.leader:
+            self.change_leader()
 
     def restart(self, node: Node) -> None:
-        """A new process: group0 restores its snapshot and replays the journal after it; the ledger survives,
-        running batches and the fence do not."""
+        """A new process: group0 restores its snapshot and replays the journal after it; the ledger survives."""
         node.up = True
+        node.incarnation += 1
         self.restore(node)
-        node.fence, node.worker, node.max_admitted = TermFence(), WorkerTasks(node.id, node.ledger), 0
+        node.loop, node.worker = LeaderLoop(LOOP_CONFIG), WorkerTasks(node.id, node.ledger)
 
     def restore(self, node: Node) -> None:
         snapshot, index = self.snapshot
         node.state, node.applied = pickle.loads(snapshot), index
 
-    # ------------------------------------------------------------- schedules
+    # ------------------------------------------------------------- faults
 
     def fault_step(self) -> None:
         rng = self.rng
         self.now += STEP_SECONDS
         roll = rng.random()
         if roll < 0.30 and self.network:
-            message = self.network.pop(rng.randrange(len(self.network)))  # any order: delays and reordering
-            fate = rng.random()
-            if fate < 0.08:
-                self.stats["messages lost"] += 1
-                return
-            if fate < 0.14:
-                self.network.append(message)
-                self.stats["messages duplicated"] += 1
-            self.deliver(message)
+            self.deliver_with_faults(self.network.pop(rng.randrange(len(self.network))))  # any order
         elif roll < 0.42 and self.proposals:
-            loop, command = self.proposals.pop(rng.randrange(len(self.proposals)))
-            fate = rng.random()
-            if fate < 0.05:
-                loop.outstanding.discard(command)
-                return
-            if fate < 0.10:
-                self.proposals.append((loop, command))  # the Raft adapter's retry commits it again
-            else:
-                loop.outstanding.discard(command)
-            self.append(command, loop)
+            self.commit_with_faults(self.proposals.pop(rng.randrange(len(self.proposals))))
         elif roll < 0.62:
-            active = [loop for loop in self.loops if not loop.stopped]
-            if active:
-                loop = rng.choice(active)
-                action = rng.random()
-                if action < 0.6:
-                    self.dispatch(loop)
-                elif action < 0.9:
-                    self.flush(loop)
-                elif loop.in_flight:
-                    self.time_out(loop, rng.choice(sorted(loop.in_flight)))
+            node = rng.choice([n for n in self.nodes.values() if n.up])
+            self.step_loop(node)
         elif roll < 0.78:
             running = [(n, b) for n in self.nodes.values() if n.up for b in n.running]
             if running:
                 node, batch_id = rng.choice(running)
-                self.finish_batch(node, batch_id, fail=rng.random() < 0.15)
+                self.finish_batch(node, batch_id, fail=rng.random() < 0.15, may_crash=True)
         elif roll < 0.90:
-            node = rng.choice(list(self.nodes.values()))
-            if node.up:
-                self.catch_up(node, rng.randint(node.applied, len(self.log)))
-                node.raft_term = self.term
+            self.replicate(rng.choice(list(self.nodes.values())))
         elif roll < 0.93:
-            if not self.nodes[self.loop.node].up or rng.random() < 0.5:
+            if not self.nodes[self.leader].up or rng.random() < 0.5:
                 self.change_leader()
         elif roll < 0.96:
             self.node_fault()
@@ -411,16 +424,68 @@ class Simulation:
         elif roll < 0.985:
             self.drop_view()
 
+    def replicate(self, node: Node) -> None:
+        if not node.up:
+            return
+        if self.rng.random() < 0.1:
+            self.install_snapshot(node)
+        else:
+            self.catch_up(node, self.rng.randint(node.applied, len(self.log)))
+        self.learn_term(node)
+
+    def deliver_with_faults(self, message: Request | Reply) -> None:
+        fate = self.rng.random()
+        if fate < 0.08:
+            self.stats["messages lost"] += 1
+            request = message if isinstance(message, Request) else message.request
+            self.network.append(Reply(request, error="DEADLINE_EXCEEDED"))  # the caller's deadline
+            return
+        if fate < 0.14:
+            self.network.append(message)
+            self.stats["messages duplicated"] += 1
+        if isinstance(message, Reply) and message.reply is not None and fate > 0.85:
+            message = self.mangle(message)
+        self.deliver(message)
+
+    def mangle(self, reply: Reply) -> Reply:
+        """An answer the loop must not trust beyond its batch: some finished ids missing, or ids of other tasks."""
+        finished, rows = list(reply.reply.finished), list(reply.reply.rows_scanned)
+        if finished and self.rng.random() < 0.5:
+            keep = self.rng.randrange(len(finished))
+            finished, rows = finished[:keep], rows[:keep]
+            self.stats["partial answers"] += 1
+        else:
+            foreign = sorted(set(self.truth.tasks) - set(self.recorded))
+            if not foreign:
+                return reply
+            extra = self.rng.sample(foreign, min(2, len(foreign)))
+            finished, rows = finished + extra, rows + [self.rng.randint(0, 1000) for _ in extra]
+            self.stats["foreign ids in answers"] += 1
+        return Reply(reply.request, BatchReply(tuple(finished), tuple(rows)))
+
+    def commit_with_faults(self, proposal: Proposal) -> None:
+        fate = self.rng.random()
+        if fate < 0.05:
+            self.answer_proposal(proposal, Unavailable("the proposal timed out"))
+            self.stats["proposals lost"] += 1
+            return
+        if fate < 0.10:
+            self.answer_proposal(proposal, Unavailable("the proposal timed out"))
+            self.proposals.append(proposal)  # committed after all, later: its proposer gave up on it
+            self.stats["proposals committed after their proposer gave up"] += 1
+            return
+        if fate < 0.15:
+            self.proposals.append(proposal)  # the Raft adapter's retry commits it again
+        self.commit(proposal)
+
     def node_fault(self) -> None:
         node = self.rng.choice(list(self.nodes.values()))
         if not node.up:
             self.restart(node)
-        elif len(self.live_nodes()) > 1:
+        elif sum(n.up for n in self.nodes.values()) > 1:
             self.crash(node)
             if self.rng.random() < 0.5:
                 self.restart(node)  # a worker restart
-            if node.id == self.loop.node and not node.up:
-                self.change_leader()
 
     def deliver(self, message: Request | Reply) -> None:
         if isinstance(message, Request):
@@ -428,15 +493,17 @@ class Simulation:
         else:
             self.receive(message)
 
+    # ------------------------------------------------------------- settling
+
     def settle(self) -> int:
-        """Faults stop: every node up, old loops gone, a fair schedule. The rounds it took to build everything."""
+        """Faults stop: every node up and caught up with the term, a fair schedule. The rounds it took."""
         for node in self.nodes.values():
             if not node.up:
                 self.restart(node)
-        for old in self.loops[:-1]:
-            old.stopped = True
-        if self.loop.stopped:
+        if not self.nodes[self.leader].leading:
             self.change_leader()
+        for node in self.nodes.values():
+            self.learn_term(node)
         for round_number in range(SETTLE_ROUNDS):
             if self.done():
                 return round_number
@@ -445,24 +512,19 @@ class Simulation:
                              f"processing base {self.truth.processing_base}")
 
     def fair_round(self) -> None:
-        loop = self.loop
-        self.dispatch(loop)
+        leader = self.nodes[self.leader]
+        self.step_loop(leader)
         self.drain_network()
         for node in self.nodes.values():
             for batch_id in sorted(node.running):
                 self.finish_batch(node, batch_id, fail=False)
         self.drain_network()
-        self.flush(loop)
+        self.now += 10.0
+        self.step_loop(leader)
         while self.proposals:
-            proposer, command = self.proposals.pop(0)
-            proposer.outstanding.discard(command)
-            self.append(command, proposer)
+            self.commit(self.proposals.pop(0))
         for node in self.nodes.values():
             self.catch_up(node, len(self.log))
-            node.raft_term = self.term
-        for replica in sorted(loop.in_flight):  # calls whose request, reply or batch was lost
-            self.time_out(loop, replica)
-        self.now += 10.0
 
     def drain_network(self) -> None:
         while self.network:
@@ -475,14 +537,16 @@ class Simulation:
                 and all(s == BUILD_SUCCESS for s in truth.build_status.values()))
 
 
-def check_plan(state: Group0State, plan: Plan, busy: set[Replica], finished: set[str]) -> None:
-    replicas = [b.replica for b in plan.batches]
-    assert len(replicas) == len(set(replicas)) and not set(replicas) & busy
-    for batch in plan.batches:
-        tasks = [state.tasks[i] for i in batch.task_ids]
-        assert len({(t.type, t.base_id, t.replica, t.tablet_id) for t in tasks}) == 1
-        assert len({t.view_id for t in tasks}) == len(tasks) and not finished & set(batch.task_ids)
-        assert tasks[0].replica == batch.replica and tasks[0].base_id == state.processing_base
+def check_batch(state: Group0State, send: SendBatch, loop: LeaderLoop, sent: set) -> None:
+    """A batch the loop sends: one per replica per answer, one tablet of the processing base, one task per view."""
+    batch = send.batch
+    assert batch.replica not in sent, "two batches for one replica"
+    sent.add(batch.replica)
+    tasks = [state.tasks[i] for i in batch.task_ids]
+    assert len({(t.type, t.base_id, t.replica, t.tablet_id) for t in tasks}) == 1
+    assert len({t.view_id for t in tasks}) == len(tasks) and not set(loop.pending) & set(batch.task_ids)
+    assert tasks[0].replica == batch.replica and tasks[0].base_id == state.processing_base
+    assert send.term == loop.term and send.epoch == loop.epoch
 
 
 def run_schedule(seed: int, stats: Counter) -> None:
@@ -496,8 +560,10 @@ def run_schedule(seed: int, stats: Counter) -> None:
 COVERAGE = ("stale commands refused", "leader changes", "messages lost", "messages duplicated", "batches failed",
             "worker crashes", "views dropped", "calls attached to a running batch", "calls answered from the ledger",
             "worker refused: FAILED_PRECONDITION", "worker refused: UNAVAILABLE", "batches cancelled",
-            "tasks that left a running batch", "ledger prunes", "loops that noticed they were deposed")
-COVERAGE_SEEDS = range(400)
+            "tasks that left a running batch", "ledger prunes", "loops that noticed they were deposed",
+            "partial answers", "foreign ids in answers", "worker crashes between recording and answering",
+            "snapshot installs", "proposals lost", "proposals committed after their proposer gave up")
+COVERAGE_SEEDS = range(200)
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))

@@ -210,9 +210,10 @@ class LeaderLoop:
         self._paused = event.dispatch_paused
 
     def _handle_batch_answered(self, event: BatchAnswered) -> None:
-        if not self._take_call(event.epoch, event.batch):
-            return
-        self._retry.succeeded(event.batch.replica)
+        if event.epoch != self.epoch:
+            return  # a call of an older term or leadership: ignored
+        if self._end_call(event.batch):
+            self._retry.succeeded(event.batch.replica)
         rows = event.reply.rows_of()
         new = [i for i in dict.fromkeys(event.reply.finished) if i in event.batch.task_ids and i not in self.pending]
         if new and not self.pending:
@@ -222,8 +223,8 @@ class LeaderLoop:
         self.counters.tasks_finished += len(new)
 
     def _handle_batch_failed(self, event: BatchFailed) -> None:
-        if not self._take_call(event.epoch, event.batch):
-            return
+        if event.epoch != self.epoch or not self._end_call(event.batch):
+            return  # an older call's failure (the replica's current call, if any, goes on)
         replica = event.batch.replica
         self.counters.batch_failures += 1
         delay = self._retry.failed(replica, self._now, event.jitter)
@@ -246,12 +247,11 @@ class LeaderLoop:
             self._warn(f"view building command {type(event.command).__name__} refused: {refusal.code} "
                        f"{refusal.message}")
 
-    def _take_call(self, epoch: int, batch: planner.SendBatch) -> bool:
-        """Whether the answer belongs to a call of this epoch; the replica's call is over."""
-        if epoch != self.epoch:
+    def _end_call(self, batch: planner.SendBatch) -> bool:
+        """End the replica's call in flight if `batch` is its batch; whether it was."""
+        if self.in_flight.get(batch.replica) != batch:
             return False
-        if self.in_flight.get(batch.replica) == batch:
-            del self.in_flight[batch.replica]
+        del self.in_flight[batch.replica]
         return True
 
     # ----------------------------------------------------------------- acting on the state
@@ -362,8 +362,6 @@ class LeaderLoop:
             assert not self.in_flight and not self.pending and not self.proposing, "bookkeeping of an inactive loop"
         for replica, batch in self.in_flight.items():
             assert batch.replica == replica and batch.task_ids, f"in-flight entry {replica} holds {batch}"
-        sent = {i for batch in self.in_flight.values() for i in batch.task_ids}
-        assert not sent & set(self.pending), f"finished ids sent again: {sorted(sent & set(self.pending))}"
         assert not set(self.in_flight) & self._retry.waiting(self._now), "a call to a replica waiting out a backoff"
         assert all(n >= 0 for n in self.pending.values()), "a negative row count"
         assert self._next_flush is not None or not self.pending or self.proposing, "finished ids with no flush due"
