@@ -94,8 +94,12 @@ class Peers:
         self._closed = False
 
     def channel(self, node_id: str) -> grpc.Channel:
+        """The node's channel (the worker client's calls make their stubs on it); refused once closed, like the
+        stubs, so that a call still starting while the node stops opens no new channel."""
         address = self._address(node_id)
         with self._lock:
+            if self._closed:
+                raise Unavailable("this node is stopping: no new calls to other nodes")
             return self._channel_at(address)
 
     def internode(self, node_id: str) -> rpc.InternodeStub:

@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.peers import CHANNEL_OPTIONS, Peers
+from coordinator.core.errors import Unavailable
 from node.wiring import SERVER_OPTIONS
 
 QUIET_SECONDS = 2.5  # the old health watch re-dialled a peer that was down every second
@@ -137,3 +138,11 @@ def test_the_standing_call_ends_when_its_peer_turns_not_serving_so_the_peer_stop
     finally:
         peers.close()
         server.stop(0)
+
+
+def test_a_closed_peers_opens_no_new_channel(peer):
+    _, _, address = peer
+    peers = Peers({"n2": address}.get)
+    peers.close()
+    with pytest.raises(Unavailable, match="stopping"):
+        peers.channel("n2")

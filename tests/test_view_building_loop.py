@@ -24,7 +24,6 @@ from coordinator.core.commands import (
 from coordinator.core.errors import Unavailable
 from coordinator.core.planner import Backoff
 from coordinator.core.schema import BUILD_STARTED, BUILD_SUCCESS, Replica
-from common.worker_client import batch_reply_from_response
 from coordinator.core.leader_loop import BatchReply, LoopConfig
 from coordinator.view_building import PAUSE_POINT, ViewBuildingLoop
 
@@ -178,15 +177,6 @@ class Harness:
     def wait_rounds(self, count: int = 2) -> None:
         """Let the loop run `count` more full rounds (a round already running counts as none)."""
         assert self.loop.wait_rounds(count + 1, WAIT), "loop did not run"
-
-
-def test_a_reply_takes_each_finished_ids_rows_and_an_older_workers_one_count():
-    from vbcpb import vbc_pb2 as pb
-    reply = batch_reply_from_response(pb.WorkResponse(finished_task_ids=["a", "b"], finished_rows_scanned=[5, 0],
-                                                     rows_scanned=5))
-    assert reply == BatchReply(("a", "b"), (5, 0)) and reply.rows_of() == {"a": 5, "b": 0}
-    older = batch_reply_from_response(pb.WorkResponse(finished_task_ids=["a", "b"], rows_scanned=9))
-    assert older == BatchReply(("a", "b"), (9, 9))
 
 
 def rows_of(task_id: str) -> int:
