@@ -175,3 +175,17 @@ def test_every_statement_form_through_vbc_exec(cluster_dir):
     assert ok("DROP KEYSPACE ks") == "dropped keyspace ks"
     assert "nothing done" in ok("DROP KEYSPACE IF EXISTS ks")
     assert json.loads(vbc("status", "--cluster", d, "--json").stdout)["views"] == []
+
+
+def test_a_node_without_enable_injections_refuses_vbc_inject(tmp_path):
+    from .cluster_harness import LocalCluster
+
+    with LocalCluster(nodes=1, data_dir=tmp_path / "cluster", injections=False) as cluster:
+        d = str(cluster.data_dir)
+        refused = vbc("inject", "--cluster", d, "read.replica.scan", "--enable", check=False)
+        assert refused.returncode == 1
+        assert refused.stderr == ("error: PERMISSION_DENIED: fault injection is disabled on node n1: "
+                                  "start the node with --enable-injections\n")
+        listed = json.loads(vbc("inject", "--cluster", d, "--list", "--json").stdout)
+        assert listed["injections_enabled"] is False and not any(p["enabled"] for p in listed["points"])
+        assert "fault injection is enabled" not in cluster.log("n1")

@@ -32,7 +32,12 @@ class Unavailable(CoreError):
     code = "UNAVAILABLE"
 
 
-ERRORS_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable)}
+class PermissionDenied(CoreError):
+    code = "PERMISSION_DENIED"
+
+
+ERRORS_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable,
+                                            PermissionDenied)}
 
 
 def error_from_code(code: str, message: str) -> CoreError:
