@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from common.injection import Injections
 from common.progress import BuildRates
 from common.status import unary
-from coordinator.core.errors import InvalidArgument, NotFound
+from coordinator.core.errors import InvalidArgument, NotFound, PermissionDenied
 from coordinator.core.tokens import tablet_range
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
@@ -30,6 +30,7 @@ class AdminDeps:
     catch_up: Callable[[], None]  # best effort: apply what group0 committed so far (progress never goes back)
     check_view: Callable[[str, str, int], CheckResult]  # (keyspace, view, max examples) -> the check's result
     clock: Callable[[], float]  # monotonic seconds, for build rates
+    injections_enabled: bool = False  # `vbc node start --enable-injections`: Inject may switch points on
 
 
 class AdminService(rpc.AdminServicer):
@@ -99,8 +100,13 @@ class AdminService(rpc.AdminServicer):
 
     @unary
     def Inject(self, request, context):
+        """Switch an injection point on or off, wait for a hit, or list them; only LIST unless enabled."""
         injections = self._deps.injections
         action = request.action
+        enabled = self._deps.injections_enabled
+        if not enabled and action != pb.InjectRequest.LIST:
+            raise PermissionDenied(f"fault injection is disabled on node {self._deps.node_id}: "
+                                   "start the node with --enable-injections")
         hit = False
         try:
             if action == pb.InjectRequest.ENABLE:
@@ -115,7 +121,7 @@ class AdminService(rpc.AdminServicer):
             raise InvalidArgument(str(error)) from None
         points = [pb.InjectionPoint(name=n, enabled=p.enabled, mode=p.mode, one_shot=p.one_shot, hits=p.hits)
                   for n, p in sorted(injections.points().items())]
-        return pb.InjectResponse(hit=hit, points=points, node=self._deps.node_id)
+        return pb.InjectResponse(hit=hit, points=points, node=self._deps.node_id, injections_disabled=not enabled)
 
 
 def _table_and_tablets(state, keyspace: str, name: str):

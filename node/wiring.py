@@ -93,6 +93,7 @@ class NodeConfig:
     spark_memory: str = "1g"
     spark_java_options: str = DEFAULT_JAVA_OPTIONS
     limits: Limits = field(default_factory=Limits)
+    enable_injections: bool = False  # Admin.Inject may switch fault injection points on (tests, local clusters)
 
 
 class Node:
@@ -169,6 +170,9 @@ class Node:
             thread.start()
             self._threads.append(thread)
         log.info("node %s serving gRPC on %s, Raft on %s", self.node_id, self.config.grpc_addr, self.config.raft_addr)
+        if self.config.enable_injections:
+            log.warning("fault injection is enabled (--enable-injections): any host that reaches %s can stall or "
+                        "fail this node; leave it off outside tests and local clusters", self.config.grpc_addr)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -203,7 +207,8 @@ class Node:
         self._admin = AdminService(AdminDeps(
             node_id=self.node_id, read_state=self.group0.read, raft_status=self.group0.status,
             require_ready=self.require_ready, probe=self.endpoint.local_status, injections=self.injections,
-            catch_up=self._status_barrier, clock=time.monotonic, check_view=self.check_view))
+            catch_up=self._status_barrier, clock=time.monotonic, check_view=self.check_view,
+            injections_enabled=self.config.enable_injections))
         rpc.add_AdminServicer_to_server(self._admin, server)
         rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
             replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,

@@ -144,6 +144,8 @@ def test_every_statement_form_through_vbc_exec(cluster_dir):
     assert "nothing done" in ok("CREATE KEYSPACE IF NOT EXISTS ks WITH replication = {'rf': 3}")
     assert ok("ALTER KEYSPACE ks WITH replication = {'rf': 2}") == "altered keyspace ks"
     ok("CREATE TABLE ks.t (key int, c int, v text, PRIMARY KEY (key, c))")
+    refused = vbc("exec", "--cluster", d, "ALTER KEYSPACE ks WITH replication = {'rf': 3}", check=False)
+    assert refused.returncode == 1 and "FAILED_PRECONDITION: keyspace 'ks' holds tables (t)" in refused.stderr
     ok("CREATE TABLE IF NOT EXISTS ks.comp (a int, b text, c bigint, d boolean, e double, f timestamp, "
        "PRIMARY KEY ((a, b), c))")
     ok("CREATE MATERIALIZED VIEW ks.mv AS SELECT * FROM ks.t WHERE c IS NOT NULL AND key IS NOT NULL PRIMARY KEY (c, key)")
@@ -173,3 +175,17 @@ def test_every_statement_form_through_vbc_exec(cluster_dir):
     assert ok("DROP KEYSPACE ks") == "dropped keyspace ks"
     assert "nothing done" in ok("DROP KEYSPACE IF EXISTS ks")
     assert json.loads(vbc("status", "--cluster", d, "--json").stdout)["views"] == []
+
+
+def test_a_node_without_enable_injections_refuses_vbc_inject(tmp_path):
+    from .cluster_harness import LocalCluster
+
+    with LocalCluster(nodes=1, data_dir=tmp_path / "cluster", injections=False) as cluster:
+        d = str(cluster.data_dir)
+        refused = vbc("inject", "--cluster", d, "read.replica.scan", "--enable", check=False)
+        assert refused.returncode == 1
+        assert refused.stderr == ("error: PERMISSION_DENIED: fault injection is disabled on node n1: "
+                                  "start the node with --enable-injections\n")
+        listed = json.loads(vbc("inject", "--cluster", d, "--list", "--json").stdout)
+        assert listed["injections_enabled"] is False and not any(p["enabled"] for p in listed["points"])
+        assert "fault injection is enabled" not in cluster.log("n1")

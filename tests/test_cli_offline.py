@@ -78,6 +78,19 @@ def test_node_start_listing_itself_as_a_peer_is_a_usage_error(capsys):
     assert code == 2 and "lists the node itself" in err
 
 
+@pytest.mark.parametrize("flag, enabled", [([], False), (["--enable-injections"], True)])
+def test_node_start_enables_fault_injection_only_with_the_flag(capsys, monkeypatch, tmp_path, flag, enabled):
+    import node.wiring
+
+    configs = []
+    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node.wiring, "serve", configs.append)
+    argv = ["node", "start", "--id", "n1", "--data-dir", str(tmp_path), "--grpc", "127.0.0.1:9042",
+            "--raft", "127.0.0.1:9043", *flag]
+    assert run_cli(capsys, *argv)[0] == 0
+    assert [config.enable_injections for config in configs] == [enabled]
+
+
 def test_node_start_needs_its_addresses(capsys):
     code, _, err = run_cli(capsys, "node", "start", "--id", "n1", "--data-dir", "x")
     assert code == 2 and "--grpc" in err
@@ -259,6 +272,26 @@ def test_node_layout_and_command_follow_the_port_scheme(tmp_path):
     args = cli.build_parser().parse_args(command[3:])
     assert args.id == "n2" and args.shards == 2 and args.grpc == nodes[1]["grpc"]
     assert args.peers == {"n1": (nodes[0]["grpc"], nodes[0]["raft"]), "n3": (nodes[2]["grpc"], nodes[2]["raft"])}
+    assert args.enable_injections  # a local cluster is for development and tests
+
+
+def test_a_local_cluster_without_injections_starts_its_nodes_without_the_flag(tmp_path):
+    nodes = cluster_mod.new_cluster(tmp_path, 2, injections=False)["nodes"]
+    assert all(not cli.build_parser().parse_args(n["command"][3:]).enable_injections for n in nodes)
+    command = nodes[0]["command"]
+    assert cluster_mod.with_injections(command, True) == [*command, "--enable-injections"]
+    assert cluster_mod.with_injections(cluster_mod.with_injections(command, True), False) == command
+    assert cli.build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d"]).injections
+    assert not cli.build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d",
+                                              "--no-injections"]).injections
+
+
+def test_a_restarted_local_cluster_takes_the_injections_choice_of_the_restart(tmp_path):
+    cluster_mod.save_cluster(tmp_path, cluster_mod.new_cluster(tmp_path, 2, injections=False))
+    restarted = cluster_mod.reuse_cluster(tmp_path, 2, shards=1, base_port=None, injections=True)
+    assert all(n["command"][-1] == "--enable-injections" for n in restarted["nodes"])
+    restarted = cluster_mod.reuse_cluster(tmp_path, 2, shards=1, base_port=None, injections=False)
+    assert all("--enable-injections" not in n["command"] for n in restarted["nodes"])
 
 
 # ------------------------------------------------------------------ a fake node over gRPC
@@ -437,6 +470,7 @@ FAKE_NODE = textwrap.dedent('''
     parser.add_argument("words", nargs="*")
     for option in ("--id", "--data-dir", "--grpc", "--raft", "--peers", "--shards", "--storage-url"):
         parser.add_argument(option)
+    parser.add_argument("--enable-injections", action="store_true")
     args = parser.parse_args()
     if args.behaviour == "exit":
         print("fake node: cannot start", flush=True)

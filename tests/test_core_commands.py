@@ -15,6 +15,7 @@ from coordinator.core import state as state_module
 from coordinator.core.commands import (
     COMMANDS,
     JOURNAL_VERSION,
+    AlterKeyspace,
     ColumnSpec,
     Command,
     CreateKeyspace,
@@ -377,3 +378,13 @@ def test_a_snapshot_written_before_loop_terms_restores_term_zero():
 def test_a_finish_command_journaled_before_rows_scanned_existed_still_decodes():
     entry = {"op": "finish_view_building_tasks", "v": JOURNAL_VERSION, "cmd_id": "f", "term": 2, "task_ids": ["a"]}
     assert decode(entry) == FinishViewBuildingTasks(term=2, task_ids=("a",), cmd_id="f")
+
+
+def test_an_rf_change_journaled_before_the_refusal_decodes_as_not_refusing():
+    fields = {"cmd_id": "a", "name": "ks", "rf": 2, "id_seed": "1" * 32}
+    legacy = AlterKeyspace(refuse_with_tables=False, **fields)
+    assert decode({"op": "alter_keyspace", **fields}) == legacy
+    assert decode({"op": "alter_keyspace", "v": JOURNAL_VERSION, **fields}) == legacy
+    built_now = AlterKeyspace(**fields)
+    assert built_now.refuse_with_tables and encode(built_now)["refuse_with_tables"] is True
+    assert decode(json.loads(json.dumps(encode(built_now)))) == built_now

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from coordinator.core.commands import JOURNAL_VERSION, AlterKeyspace, encode
 from coordinator.core.schema import BUILD_STARTED, Filter
 from coordinator.core.ids import derived_id
 from coordinator.core.state import Group0State
@@ -264,13 +265,62 @@ def test_drops_remove_tasks_and_dependent_state():
     assert not state.tables and not state.tablets and not state.keyspaces
 
 
-def test_rf_change_resizes_replica_sets_and_tasks():
+def alter_rf(name: str, rf: int) -> AlterKeyspace:
+    """An RF change as the statement layer proposes it today."""
+    return AlterKeyspace(name=name, rf=rf, id_seed=new_id(), cmd_id=new_id())
+
+
+def legacy_alter_rf(name: str, rf: int) -> dict:
+    """An RF change as journaled before RF changes of keyspaces with tables were refused (version 1 form)."""
+    return cmd("alter_keyspace", name=name, rf=rf, id_seed=new_id())
+
+
+@pytest.mark.parametrize("rf", [1, 3])
+@pytest.mark.parametrize("journal_form", [False, True])
+def test_rf_change_of_a_keyspace_with_tables_is_refused_and_changes_nothing(rf, journal_form):
+    state = cluster(nodes=3)
+    make_table(state, rf=2, tablets=2)
+    make_view(state)
+    assert state.apply(cmd("create_table", id=new_id(), keyspace="ks", name="t2", columns=[["key", "int"]],
+                           partition_key=["key"], clustering_key=[])).ok
+    before = replicated_fields(state)
+    command = alter_rf("ks", rf)
+    code, message = error_of(state, json.loads(json.dumps(encode(command))) if journal_form else command)
+    assert code == "FAILED_PRECONDITION"
+    assert message == (f"keyspace 'ks' holds tables (mv, t, t2): changing its replication factor from 2 to {rf} "
+                       "needs data movement between nodes, which is not supported yet; create a new keyspace "
+                       f"with replication = {{'rf': {rf}}} and copy the data into it")
+    assert replicated_fields(state) == before  # tablet maps, tasks, statuses and the schema version
+
+
+def test_rf_change_of_an_empty_keyspace_is_allowed_and_tables_get_the_new_rf():
+    state = cluster(nodes=3)
+    assert state.apply(cmd("create_keyspace", name="ks", rf=1, initial_tablets=2)).ok
+    version = state.schema_version
+    assert state.apply(alter_rf("ks", 3)).ok
+    assert state.keyspaces["ks"].rf == 3 and state.schema_version == version + 1 and not state.tablets
+    make_table_in = cmd("create_table", id=new_id(), keyspace="ks", name="t", columns=[["key", "int"]],
+                        partition_key=["key"], clustering_key=[])
+    assert state.apply(make_table_in).ok
+    assert all(len(replicas) == 3 for replicas in state.tablets[make_table_in["id"]].replicas)
+
+
+def test_alter_keyspace_to_its_own_rf_is_allowed_with_tables():
+    state = cluster(nodes=3)
+    make_table(state, rf=2, tablets=2)
+    make_view(state)
+    tablets, tasks = pickle.dumps(state.tablets), pickle.dumps(state.tasks)
+    assert state.apply(alter_rf("ks", 2)).ok
+    assert pickle.dumps(state.tablets) == tablets and pickle.dumps(state.tasks) == tasks
+
+
+def test_replaying_an_rf_change_journaled_before_the_refusal_resizes_replica_sets_and_tasks():
     state = cluster(nodes=3)
     make_table(state, rf=3, tablets=2)
     view_id = make_view(state)
-    assert state.apply(cmd("alter_keyspace", name="ks", rf=2, id_seed=new_id())).ok
+    assert state.apply(legacy_alter_rf("ks", 2)).ok
     assert len(list(state.tasks_of_view(view_id))) == 2 * 2
-    assert state.apply(cmd("alter_keyspace", name="ks", rf=3, id_seed=new_id())).ok
+    assert state.apply(legacy_alter_rf("ks", 3)).ok
     assert len(list(state.tasks_of_view(view_id))) == 2 * 3
     assert invariant_violations(state) == []
 
@@ -348,8 +398,11 @@ def _commands():
     fixed_table = st.builds(lambda ks: {"op": "create_table", "id": "0" * 32, "keyspace": ks, "name": "ta",
                                         "columns": [["k", "int"], ["c", "int"], ["v", "text"]],
                                         "partition_key": ["k"], "clustering_key": ["c"]}, NAMES)
+    alter_now = st.builds(lambda n, rf, seed: {"op": "alter_keyspace", "v": JOURNAL_VERSION, "name": n, "rf": rf,
+                                               "id_seed": seed, "refuse_with_tables": True},
+                          NAMES, st.integers(1, 4), IDS)
     missing_field = st.builds(lambda ks, rf: {"op": "alter_keyspace", "name": ks, "rf": rf}, NAMES, st.integers(1, 4))
-    one = st.one_of(register, keyspace, alter, table, view, index, drop_view, drop_table, drop_ks, reuse_id,
+    one = st.one_of(register, keyspace, alter, alter_now, table, view, index, drop_view, drop_table, drop_ks, reuse_id,
                     fixed_table, missing_field)
     prefix = [{"op": "register_node", "node_id": f"n{i}", "grpc": f"g{i}", "raft": f"r{i}", "shards": 2}
               for i in (1, 2, 3)]
@@ -460,11 +513,11 @@ def test_alter_keyspace_with_a_bad_seed_changes_nothing():
     assert pickle.dumps((state.keyspaces, state.tablets, state.tasks)) == before
 
 
-def test_shrinking_rf_forgets_the_build_status_of_nodes_without_replicas():
+def test_replaying_an_rf_shrink_journaled_before_the_refusal_forgets_the_build_status_of_nodes_without_replicas():
     state = cluster(nodes=3)
     make_table(state, rf=3, tablets=1)
     view_id = make_view(state)
-    assert state.apply(cmd("alter_keyspace", name="ks", rf=1, id_seed=new_id())).ok
+    assert state.apply(legacy_alter_rf("ks", 1)).ok
     assert len(state.view_progress(view_id)["hosts"]) == 1
     assert state.view_progress(view_id)["tasks_done"] == 0 and state.view_progress(view_id)["tasks_total"] == 1
 

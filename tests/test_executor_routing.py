@@ -167,3 +167,19 @@ def test_ddl_waits_for_schema_agreement_and_names_the_nodes_that_did_not_confirm
     noop = executor.execute("CREATE TABLE IF NOT EXISTS ks.t (p int PRIMARY KEY, v text)")
     assert noop.message.endswith("already exists (IF NOT EXISTS): nothing done")
     assert len(asked) == 2  # only schema statements that changed the schema wait
+
+
+def test_alter_keyspace_rf_is_refused_while_the_keyspace_holds_tables_and_allowed_when_empty(cluster):
+    executor, group0, writer, reader = cluster
+    register_node(group0, "n2")
+    before = group0.read(lambda s: (s.schema_version, dict(s.keyspaces), dict(s.tablets), dict(s.tasks)))
+    with pytest.raises(FailedPrecondition) as refused:
+        executor.execute("ALTER KEYSPACE ks WITH replication = {'rf': 2}")
+    assert refused.value.message.startswith("keyspace 'ks' holds tables (t): changing its replication factor "
+                                            "from 1 to 2 needs data movement between nodes, which is not "
+                                            "supported yet; create a new keyspace")
+    assert group0.read(lambda s: (s.schema_version, dict(s.keyspaces), dict(s.tablets), dict(s.tasks))) == before
+    executor.execute("DROP TABLE ks.t")
+    assert executor.execute("ALTER KEYSPACE ks WITH replication = {'rf': 2}").message == "altered keyspace ks"
+    assert group0.read(lambda s: s.keyspaces["ks"].rf) == 2
+    assert writer.writes == [] and reader.reads == []

@@ -162,3 +162,73 @@ def test_a_replica_write_deadline_grows_with_the_rows_of_the_batch():
     rows = tuple(Row(token=i, key=(i,), marker_ts=1) for i in range(5000))
     assert replica_write_timeout(RowBatch(table_id="t", shard=0, rows=rows[:1], timestamp=1, schema_version=1)) < 11
     assert replica_write_timeout(RowBatch(table_id="t", shard=0, rows=rows, timestamp=1, schema_version=1)) == 35.0
+
+
+# ------------------------------------------------------------------ Admin.Inject behind --enable-injections
+
+
+@pytest.fixture
+def admin_nodes():
+    """Two in-process Admin services over gRPC: "on" (started with --enable-injections) and "off"; their addresses."""
+    from concurrent import futures
+
+    import grpc
+
+    from node.admin_service import AdminDeps, AdminService
+    from vbcpb import vbc_pb2_grpc as rpc
+
+    servers, addresses = [], {}
+    for node_id, enabled in (("on", True), ("off", False)):
+        deps = AdminDeps(node_id=node_id, read_state=None, raft_status=dict, require_ready=lambda: None,
+                         probe=lambda _: None, injections=Injections(), catch_up=lambda: None, check_view=None,
+                         clock=lambda: 0.0, injections_enabled=enabled)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        rpc.add_AdminServicer_to_server(AdminService(deps), server)
+        addresses[node_id] = f"127.0.0.1:{free_port()}"
+        assert server.add_insecure_port(addresses[node_id])
+        server.start()
+        servers.append(server)
+    yield addresses
+    for server in servers:
+        server.stop(0)
+
+
+@pytest.mark.parametrize("action", ["enable", "disable", "wait_hit"])
+def test_inject_is_permission_denied_on_a_node_without_enable_injections(admin_nodes, action):
+    import grpc
+
+    from vbc import client
+
+    with pytest.raises(grpc.RpcError) as refused:
+        client.inject(admin_nodes["off"], "read.replica.scan", action, timeout=1.0)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert refused.value.details() == ("fault injection is disabled on node off: "
+                                       "start the node with --enable-injections")
+    listed = client.inject(admin_nodes["off"], action="list")
+    assert listed["injections_enabled"] is False and not any(p["enabled"] for p in listed["points"])
+
+
+def test_inject_works_on_a_node_with_enable_injections(admin_nodes):
+    from vbc import client
+
+    enabled = client.inject(admin_nodes["on"], "read.replica.scan", "enable", mode="pause", one_shot=True)
+    assert enabled["injections_enabled"] is True and enabled["node"] == "on"
+    assert {"name": "read.replica.scan", "enabled": True, "mode": "pause", "one_shot": True, "hits": 0} \
+        in enabled["points"]
+    assert client.inject(admin_nodes["on"], "read.replica.scan", "wait_hit", timeout=0.01)["hit"] is False
+    disabled = client.inject(admin_nodes["on"], "read.replica.scan", "disable")
+    assert not any(p["enabled"] for p in disabled["points"])
+
+
+def test_vbc_inject_shows_the_refusal_and_lists_with_a_note(admin_nodes, capsys):
+    from vbc import cli
+
+    assert cli.main(["inject", "--addr", admin_nodes["off"], "read.replica.scan", "--enable"]) == 1
+    assert capsys.readouterr().err == ("error: PERMISSION_DENIED: fault injection is disabled on node off: "
+                                       "start the node with --enable-injections\n")
+    assert cli.main(["inject", "--addr", admin_nodes["off"], "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "read.replica.scan" in out and out.endswith(
+        "\nfault injection is disabled on off: start the node with --enable-injections to switch these points on\n")
+    assert cli.main(["inject", "--addr", admin_nodes["on"], "--list"]) == 0
+    assert "read.replica.scan" in (out := capsys.readouterr().out) and "disabled on" not in out

@@ -141,6 +141,9 @@ def add_node_parser(commands) -> None:
     start.add_argument("--spark-java-options", metavar="OPTIONS",
                        help="JVM options of the node's Spark driver (default: parallel GC, C1 JIT only; "
                             "'' for the JVM's own defaults)")
+    start.add_argument("--enable-injections", action="store_true",
+                       help="let `vbc inject` (Admin.Inject) switch fault injection points on: for tests and local "
+                            "clusters only, as any host that reaches the gRPC port can then stall or fail the node")
     start.set_defaults(handler=cmd_node_start, parser=start)
 
 
@@ -156,6 +159,9 @@ def add_cluster_parser(commands) -> None:
     up.add_argument("--storage-url", metavar="URL",
                     help="SQLAlchemy URL per node; {node} is replaced by the node id (each node needs its own database)")
     up.add_argument("--detach", action="store_true", help="return once the cluster is up, leaving it running")
+    up.add_argument("--no-injections", dest="injections", action="store_false",
+                    help="start the nodes without --enable-injections, so `vbc inject` is refused (by default a "
+                         "local cluster's nodes run with it)")
     up.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
     up.set_defaults(handler=cmd_cluster_up, parser=up)
 
@@ -368,7 +374,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
                         peers=args.peers, shards=args.shards, storage_url=args.storage_url,
                         metrics_addr=args.metrics, spark_memory=args.spark_memory,
-                        limits=node_limits(args),
+                        limits=node_limits(args), enable_injections=args.enable_injections,
                         **({"spark_master": args.spark_master} if args.spark_master else {}),
                         **({"spark_java_options": args.spark_java_options}
                            if args.spark_java_options is not None else {}))
@@ -400,7 +406,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         with console.status(f"starting {args.nodes} node(s) in {args.data_dir} ...") as spinner:
             cluster = cluster_mod.start_cluster(
                 args.data_dir, nodes=args.nodes, shards=args.shards, base_port=args.base_port,
-                storage_url=args.storage_url, timeout=args.timeout,
+                storage_url=args.storage_url, timeout=args.timeout, injections=args.injections,
                 progress=lambda message: spinner.update(f"starting: {message}"),
             )
     except cluster_mod.ClusterStartError as exc:
@@ -820,6 +826,9 @@ def cmd_inject(args: argparse.Namespace) -> int:
             print(json_line(result))
         else:
             stdout_console().print(injection_points_table(result))
+            if not result["injections_enabled"]:
+                print(f"fault injection is disabled on {result['node'] or target[0]}: "
+                      "start the node with --enable-injections to switch these points on")
         return 0
     if args.wait_hit is not None:
         return wait_for_hit(target, args)

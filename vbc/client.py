@@ -445,7 +445,8 @@ def injection_point_to_dict(point: pb.InjectionPoint) -> dict:
 
 
 def inject_response_to_dict(response: pb.InjectResponse) -> dict:
-    return {"node": response.node, "hit": response.hit, "points": [injection_point_to_dict(p) for p in response.points]}
+    return {"node": response.node, "hit": response.hit, "points": [injection_point_to_dict(p) for p in response.points],
+            "injections_enabled": not response.injections_disabled}
 
 
 def inject(
@@ -457,6 +458,9 @@ def inject(
     timeout: float | None = None,
 ) -> dict:
     """Admin.Inject; action is enable | disable | wait_hit | list.
+
+    A node started without --enable-injections refuses all but list with PERMISSION_DENIED, and its list
+    answer says "injections_enabled": False.
 
     For wait_hit, `timeout` is how long the node waits for a hit (default 10 s; the gRPC deadline is a bit
     longer) and the answer's "hit" says whether it came. Otherwise `timeout` is the gRPC deadline.

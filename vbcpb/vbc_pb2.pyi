@@ -245,14 +245,16 @@ class InjectionPoint(_message.Message):
     def __init__(self, name: _Optional[str] = ..., enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., one_shot: _Optional[bool] = ..., hits: _Optional[int] = ...) -> None: ...
 
 class InjectResponse(_message.Message):
-    __slots__ = ("hit", "points", "node")
+    __slots__ = ("hit", "points", "node", "injections_disabled")
     HIT_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    INJECTIONS_DISABLED_FIELD_NUMBER: _ClassVar[int]
     hit: bool
     points: _containers.RepeatedCompositeFieldContainer[InjectionPoint]
     node: str
-    def __init__(self, hit: _Optional[bool] = ..., points: _Optional[_Iterable[_Union[InjectionPoint, _Mapping]]] = ..., node: _Optional[str] = ...) -> None: ...
+    injections_disabled: bool
+    def __init__(self, hit: _Optional[bool] = ..., points: _Optional[_Iterable[_Union[InjectionPoint, _Mapping]]] = ..., node: _Optional[str] = ..., injections_disabled: _Optional[bool] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
     __slots__ = ("table_id", "first_token", "last_token", "schema_version")

@@ -292,7 +292,8 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Inject(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Fault injection points; PERMISSION_DENIED unless the node runs with --enable-injections (LIST is answered).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -5,8 +5,10 @@ renaming a class cannot break the replay of an old log. Journal form, version 2 
 `{"op": <name>, "v": 2, <every field>, "cmd_id": <str or null>}`, with column specs as `[name, type]`
 pairs, WHERE terms as `[column, op, value]` triples (value null for IS NOT NULL, a list for IN) and
 tuples as lists. Version 1 is the untyped dict of the first releases: the same shape without "v",
-where fields that have a default (and "cmd_id") may be absent. Constructors do not check field types;
-`decode` does, so every command that reaches a handler through the log is well formed.
+where fields that have a default (and "cmd_id") may be absent. A field added to a command after entries
+without it were journaled may be absent from either version: absent means its JOURNAL_ABSENT metadata (what
+those entries meant), else its default. Constructors do not check field types; `decode` does, so every
+command that reaches a handler through the log is well formed.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from .errors import InvalidArgument
 
 JOURNAL_VERSION = 2
 LEGACY_VERSION = 1
+JOURNAL_ABSENT = "journal_absent"  # field metadata: the value of an entry journaled before the field existed
 
 Scalar = typing.Union[None, bool, int, float, str]
 Value = typing.Union[Scalar, tuple[Scalar, ...]]
@@ -68,12 +71,19 @@ class CreateKeyspace(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class AlterKeyspace(Command):
-    """Change a keyspace's replication factor; `id_seed` seeds the ids of build tasks for new replicas."""
+    """Change a keyspace's replication factor; `id_seed` seeds the ids of build tasks for new replicas.
+
+    With `refuse_with_tables` (every command built now) an RF change of a keyspace that holds tables is
+    refused: it would need data movement between nodes. Entries journaled before that refusal lack the field
+    and replay as they applied then (resizing the tablet maps without moving data), so a node that replays the
+    log from its start reaches the state of one that restored a snapshot taken after them.
+    """
 
     op: ClassVar[str] = "alter_keyspace"
     name: str
     rf: int
     id_seed: str
+    refuse_with_tables: bool = dataclasses.field(default=True, metadata={JOURNAL_ABSENT: False})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,18 +309,21 @@ _CODECS: dict[object, _Codec] = {
 class _Field(NamedTuple):
     name: str
     codec: _Codec
-    legacy_default: object  # what a version 1 entry without this field means; _REQUIRED if it must be there
+    legacy_default: object  # what an entry without this field means (version 1, or added since); _REQUIRED if it must be there
 
 
 _REQUIRED = object()
-# Fields added to a version 2 command after entries without them were journaled: absent means the default.
-ADDED_WITH_DEFAULT = frozenset({"rows_scanned"})
+# Fields added to a version 2 command after entries without them were journaled: absent means the value of
+# the field's JOURNAL_ABSENT metadata, else its default.
+ADDED_WITH_DEFAULT = frozenset({"rows_scanned", "refuse_with_tables"})
 _ENVELOPE = ("op", "v")
 
 
 def _legacy_default(field: dataclasses.Field) -> object:
     if field.name == "cmd_id":
         return None
+    if JOURNAL_ABSENT in field.metadata:
+        return field.metadata[JOURNAL_ABSENT]
     return _REQUIRED if field.default is dataclasses.MISSING else field.default
 
 

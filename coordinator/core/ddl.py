@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .state import Group0State
 
 FILTER_OPS = ("=", "!=", "<", "<=", ">", ">=", "IN", "IS NOT NULL")
+MAX_NAMES_SHOWN = 5  # tables named in a refusal message
 
 
 # -------------------------------------------------------------------- keyspaces
@@ -54,6 +55,10 @@ def alter_keyspace(state: Group0State, cmd: AlterKeyspace) -> str:
     keyspace = state.require_keyspace(cmd.name)
     rf = tablets.check_rf(state, cmd.rf)
     seed = check_id(cmd.id_seed)
+    if cmd.refuse_with_tables and rf != keyspace.rf:
+        _check_holds_no_tables(state, keyspace, rf)
+    # Past the check, replica sets of tables change only for an entry journaled before the refusal (replayed);
+    # an empty keyspace has none, and an unchanged rf leaves them as they are.
     state.keyspaces[keyspace.name] = Keyspace(keyspace.name, rf, keyspace.initial_tablets)
     added = tablets.resize_keyspace(state, keyspace.name, rf)
     for table in state.tables_in(keyspace.name):
@@ -61,6 +66,19 @@ def alter_keyspace(state: Group0State, cmd: AlterKeyspace) -> str:
             view_building.replicas_changed(state, table, seed, added[table.id])
     state.schema_version += 1
     return "altered"
+
+
+def _check_holds_no_tables(state: Group0State, keyspace: Keyspace, rf: int) -> None:
+    """Refuse an RF change of a keyspace with tables: their replicas would change without their data moving."""
+    names = sorted(t.name for t in state.tables_in(keyspace.name))
+    if not names:
+        return
+    shown = ", ".join(names[:MAX_NAMES_SHOWN]) + (f", ... ({len(names)} in all)" if len(names) > MAX_NAMES_SHOWN else "")
+    raise FailedPrecondition(
+        f"keyspace {keyspace.name!r} holds tables ({shown}): changing its replication factor from {keyspace.rf} "
+        f"to {rf} needs data movement between nodes, which is not supported yet; create a new keyspace with "
+        f"replication = {{'rf': {rf}}} and copy the data into it"
+    )
 
 
 def drop_keyspace(state: Group0State, cmd: DropKeyspace) -> str:

@@ -59,7 +59,11 @@ def place_table(state: Group0State, table_id: str, keyspace: Keyspace) -> None:
 
 
 def resize_keyspace(state: Group0State, keyspace: str, rf: int) -> dict[str, AddedReplicas]:
-    """Grow or shrink the replica list of every tablet in `keyspace` to `rf`; the replicas added, by table id."""
+    """Grow or shrink the replica list of every tablet in `keyspace` to `rf`; the replicas added, by table id.
+
+    Moves no data: for a keyspace with tables it runs only when an AlterKeyspace journaled before such RF
+    changes were refused is replayed (ddl.alter_keyspace), and for data movement once tablets can move.
+    """
     per_node, per_shard = replica_loads(state.tablets.values())
     added_by_table = {}
     for table in state.tables_in(keyspace):
