@@ -3,9 +3,9 @@ set-based build of the same rows, measured in the same run.
 
 Run: `.venv/bin/python bench/build.py [--rows N] [--skip-3-nodes] [--skip-coordination]` (default 1,000,000 rows).
 
-- build, 1 node RF 1 and 3 nodes RF 3: the issue's `tab(key int, c int, v text, PRIMARY KEY (key, c))` with rows
+- build, 1 node RF 1 and 3 nodes RF 3: the table `tab(key int, c int, v text, PRIMARY KEY (key, c))` with rows
   `(i // 10, i % 10, str(i))`, written straight into each replica's store in the storage layout (loading a
-  million rows through CQL is issue 7's subject, not this one's), then `CREATE MATERIALIZED VIEW ... PRIMARY KEY
+  million rows through CQL is bench/write_path.py's subject, not this one's), then `CREATE MATERIALIZED VIEW ... PRIMARY KEY
   (c, key, v)` and the time until the status says BUILT. Baseline: SQLite's own `INSERT INTO view SELECT ... ON
   CONFLICT DO UPDATE ... WHERE newer` over the same rows in the same layout (bench/bulk.py), once per replica
   (3 nodes RF 3 hold three copies: three times the work, on the same 2 cores), the median of `--baseline-runs`

@@ -1,7 +1,7 @@
 """Bulk data-plane benchmark: storage.bulk's token-range read and view-row merge against plain SQLite, same layout.
 
 Run: `.venv/bin/python bench/bulk.py [--rows N] [--runs R]` (default 1,000,000 rows, best of 2 runs).
-The base table is the issue's `tab(key int, c int, v text, PRIMARY KEY (key, c))` with rows
+The base table is `tab(key int, c int, v text, PRIMARY KEY (key, c))` with rows
 `(i // 10, i % 10, str(i))` in the storage layout; the view is `PRIMARY KEY (c, key, v)`.
 
 - read: `bulk.read_token_range` of the whole base replica (ADBC in a child process, Arrow back over a pipe)

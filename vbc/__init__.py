@@ -1,1 +1,1 @@
-"""The vbc node: statement execution, write and read paths, gRPC services, wiring and the command line."""
+"""User tools: the `vbc` command line, its rendering, the client library, the local cluster manager, `vbc load` and the demo."""

@@ -593,3 +593,12 @@ def start_node(data_dir: Path | str, node_id: str, timeout: float = START_TIMEOU
         update_pid(data_dir, node_id, None)
         raise
     return node["pid"]
+
+
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGINT (even if inherited as ignored) raise KeyboardInterrupt so `finally` blocks run
+    (a foreground cluster or the demo then stops its nodes)."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)

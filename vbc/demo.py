@@ -15,8 +15,9 @@ import pyarrow as pa
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.text import Text
 
-from vbc import cli, client
+from vbc import client
 from vbc import cluster as cluster_mod
+from vbc import render
 
 CUSTOMERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 STATUSES = ["new", "paid", "shipped", "returned"]
@@ -39,7 +40,7 @@ VIEW_SCHEMA = [
 ]
 INSERT = "INSERT INTO demo.orders (id, customer, amount, status) VALUES (?, ?, ?, ?)"
 
-console = cli.stdout_console()
+console = render.stdout_console()
 
 
 def step(text: str) -> None:
@@ -168,7 +169,7 @@ def update_bars(progress: Progress, bars: dict[str, int], views: dict[str, dict]
         if view is None:
             continue
         rate = f"{view['rows_per_s']:,.0f} rows/s" if view["rows_per_s"] else ""
-        eta = "built" if view["state"] == "BUILT" else f"ETA {cli.duration_text(view['eta_s'])}"
+        eta = "built" if view["state"] == "BUILT" else f"ETA {render.duration_text(view['eta_s'])}"
         progress.update(bar, completed=view["progress"], tasks=f"{view['tasks_done']}/{view['tasks_total']} tasks",
                         rows=f"{view['rows_done']:,} rows scanned {rate}", eta=eta)
 
@@ -234,7 +235,7 @@ def check(addresses: list[str]) -> bool:
     for name in (VIEW, INDEX):
         step(f"vbc check {name}")
         result = client.check(addresses, name)
-        console.print(cli.check_report(result))
+        console.print(render.check_report(result))
         ok = ok and result["consistent"]
     step("reading through the view and the index (no ALLOW STALE: they are built)")
     alice = client.query(addresses, f"SELECT * FROM {VIEW} WHERE customer = 'alice' LIMIT 3")
@@ -290,7 +291,7 @@ def run_demo(args: argparse.Namespace, data_dir: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cli.stop_on_signals()
+    cluster_mod.stop_on_signals()
     data_dir = args.data_dir.resolve()
     prepare_data_dir(data_dir)
     ok = False

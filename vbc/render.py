@@ -1,0 +1,161 @@
+"""How the `vbc` command line and the demo draw things on a terminal: rich tables, status, progress and check reports."""
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console, Group
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+
+def stdout_console() -> Console:
+    """A console on the current stdout; wide when not a terminal so tables are not squeezed in pipes."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(file=sys.stdout, width=int(os.environ.get("COLUMNS", 0)) or 240)
+
+
+def cell(value: object) -> Text:
+    """A table cell for a Python value (no markup interpretation)."""
+    if value is None:
+        return Text("null", style="dim")
+    if isinstance(value, bool):
+        return Text("true" if value else "false")
+    return Text(str(value))
+
+
+def nodes_table(nodes: list[dict]) -> Table:
+    table = Table(title="nodes", title_justify="left")
+    for column in ("id", "grpc", "raft", "pid", "log"):
+        table.add_column(column)
+    for node in nodes:
+        table.add_row(*(cell(node.get(key)) for key in ("id", "grpc", "raft", "pid", "log")))
+    return table
+
+
+def result_table(columns: list[str], types: list[str], rows: list[list]) -> Table:
+    table = Table()
+    for name, column_type in zip(columns, types):
+        table.add_column(Text.assemble(name, (f" {column_type}", "dim")) if column_type else Text(name))
+    for row in rows:
+        table.add_row(*(cell(value) for value in row))
+    return table
+
+
+def tablets_table(table: str, tablets: list[dict]) -> Table:
+    rendered = Table(title=f"tablets of {table}", title_justify="left")
+    for column in ("tablet", "first_token", "last_token", "replicas"):
+        rendered.add_column(column, justify="right" if column != "replicas" else "left")
+    for tablet in tablets:
+        rendered.add_row(cell(tablet["tablet"]), cell(tablet["first_token"]), cell(tablet["last_token"]),
+                         Text(", ".join(tablet["replicas"])))
+    return rendered
+
+
+def injection_points_table(result: dict) -> Table:
+    table = Table(title=f"injection points of {result['node'] or 'the node'}", title_justify="left")
+    for column in ("name", "enabled", "mode", "one_shot", "hits"):
+        table.add_column(column)
+    for point in result["points"]:
+        table.add_row(*(cell(point[column]) for column in ("name", "enabled", "mode", "one_shot", "hits")))
+    return table
+
+
+def progress_cell(progress: float) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_row(ProgressBar(total=1.0, completed=max(0.0, min(progress, 1.0)), width=20), Text(f"{progress:6.1%}"))
+    return grid
+
+
+def worker_text(worker: dict | None) -> Text:
+    if not worker:
+        return Text("")
+    text = Text(f"{worker['batches_running']} running, {worker['tasks_finished']} tasks, "
+                f"{worker['rows_scanned']:,} rows, {worker['spark_jobs']} spark jobs")
+    if worker["batches_failed"]:
+        text.append(f", {worker['batches_failed']} failed", style="red")
+    return text
+
+
+def duration_text(seconds: float) -> str:
+    if seconds < 0:
+        return "?"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def rate_text(view: dict) -> Text:
+    if view["state"] == "BUILT":
+        return Text(f"{view.get('rows_done', 0):,} rows")
+    rate = view.get("rows_per_s", 0.0)
+    return Text(f"{view.get('rows_done', 0):,} rows" + (f", {rate:,.0f}/s" if rate else "")
+                + f", ETA {duration_text(view.get('eta_s', -1.0))}")
+
+
+def hosts_text(hosts: dict[str, str]) -> Text:
+    text = Text()
+    for index, (node_id, state) in enumerate(sorted(hosts.items())):
+        if index:
+            text.append(" ")
+        text.append(f"{node_id}:{state}", style="green" if state == "SUCCESS" else "yellow")
+    return text
+
+
+def status_nodes_table(nodes: list[dict], leader: str) -> Table:
+    table = Table(title="nodes", title_justify="left")
+    for column in ("id", "grpc", "raft", "alive", "shards", "schema", "pending view updates", "worker"):
+        table.add_column(column, no_wrap=column == "id")
+    for node in sorted(nodes, key=lambda n: (len(n["id"]), n["id"])):
+        name = Text(node["id"] + (" (leader)" if node["id"] == leader else ""))
+        alive = Text("up", style="green") if node["alive"] else Text("DOWN", style="bold red")
+        table.add_row(name, cell(node["grpc"]), cell(node.get("raft", "")), alive, cell(node.get("shards", "")),
+                      cell(node.get("schema_version", "")), cell(node.get("pending_view_updates", "")),
+                      worker_text(node.get("worker")))
+    return table
+
+
+def status_views_table(views: list[dict]) -> Table:
+    table = Table(title="views", title_justify="left")
+    for column in ("name", "base", "kind", "state", "tasks", "progress", "rows", "hosts"):
+        table.add_column(column, no_wrap=column in ("name", "progress"))
+    for view in views:
+        state = Text(view["state"], style="green" if view["state"] == "BUILT" else "yellow")
+        table.add_row(cell(view["name"]), cell(view["base"]), Text("index" if view.get("is_index") else "view"), state,
+                      Text(f"{view['tasks_done']}/{view['tasks_total']}"), progress_cell(view["progress"]),
+                      rate_text(view), hosts_text(view["hosts"]))
+    return table
+
+
+def render_status(document: dict) -> Group:
+    """A readable rendering of `client.status()`."""
+    header = Text.assemble(("leader ", "bold"), document["leader"] or "(none)", ("  term ", "bold"), str(document["term"]))
+    if document.get("schema_version") is not None:
+        header.append_text(Text.assemble(("  schema ", "bold"), str(document["schema_version"])))
+    if document.get("answered_by"):
+        header.append_text(Text.assemble(("  answered by ", "bold"), document["answered_by"]))
+    parts = [header, status_nodes_table(document["nodes"], document["leader"])]
+    parts.append(status_views_table(document["views"]) if document["views"] else Text("no views", style="dim"))
+    return Group(*parts)
+
+
+def check_report(result: dict) -> Group:
+    verdict = (Text("consistent", style="bold green") if result["consistent"]
+               else Text("INCONSISTENT", style="bold red"))
+    header = Text.assemble((f"{result['view']} ", "bold"), verdict, f"  ({result['state']}) ",
+                           f"{result['base_rows']:,} base rows, {result['view_rows']:,} view rows, "
+                           f"{result['replicas_checked']} view tablet replicas in {result['seconds']:.1f}s")
+    counts = Text(f"missing {result['missing']}, extra {result['extra']}, different {result['different']}")
+    parts = [header, counts]
+    if result["examples"]:
+        table = Table(title="examples", title_justify="left")
+        for column in ("kind", "replica", "key", "expected", "found"):
+            table.add_column(column)
+        for example in result["examples"]:
+            table.add_row(*(Text(example[c]) for c in ("kind", "replica", "key", "expected", "found")))
+        parts.append(table)
+    if result["state"] != "BUILT" and not result["consistent"]:
+        parts.append(Text("the view is still building: differences are expected until it is built", style="yellow"))
+    return Group(*parts)
