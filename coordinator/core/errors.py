@@ -32,20 +32,16 @@ class Unavailable(CoreError):
     code = "UNAVAILABLE"
 
 
-<<<<<<< HEAD
-class StaleTerm(FailedPrecondition):
-    """A leader's command or call from a Raft term older than the newest one seen: a newer leader took over."""
-
-
-ERRORS_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable)}
-=======
 class PermissionDenied(CoreError):
     code = "PERMISSION_DENIED"
 
 
+class StaleTerm(FailedPrecondition):
+    """A leader's command or call from a Raft term older than the newest one seen: a newer leader took over."""
+
+
 ERRORS_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable,
                                             PermissionDenied)}
->>>>>>> wt-ops
 
 
 ERRORS_BY_NAME = {cls.__name__: cls for cls in (*ERRORS_BY_CODE.values(), StaleTerm)}
