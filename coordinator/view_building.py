@@ -1,11 +1,9 @@
 """The view building loop's shell: runs the pure `LeaderLoop` on a thread, with the clock, jitter, ids and futures.
 
-Everything the loop decides lives in `coordinator/core/leader_loop.py`; this module only feeds it events and carries
-out its instructions. Each round reads the node's Raft leadership and term as one pair, the clock and the pause
-injection point, takes the batch answers that arrived, and hands them to `LeaderLoop.handle` under group0's read
-lock. Batches are sent through `send_batch` (the node's worker client: a future per call); commands are proposed
-synchronously on the loop thread with a fresh `cmd_id`, and their outcomes go back to the core in the same round.
-The thread sleeps until the core's next `WakeAt`, an answer, `notify_applied()` (group0's on_applied) or `wake()`.
+Each round feeds `LeaderLoop.handle` (under group0's read lock) the node's leadership and term as one pair, the
+time, the pause point and the answers that arrived; batches go out through `send_batch` (a future per call),
+commands are proposed synchronously with a fresh `cmd_id` and their outcomes go back in the same round. The thread
+sleeps until the core's `WakeAt`, an answer, `notify_applied()` (group0's on_applied) or `wake()`.
 """
 from __future__ import annotations
 
@@ -86,14 +84,13 @@ class ViewBuildingLoop:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def notify_applied(self, index: int | None = None) -> None:
-        """group0 applied a command (called from group0's on_applied: quick, never blocks on the loop)."""
-        self.wake()
-
-    def wake(self) -> None:
+    def wake(self, _applied_index: int | None = None) -> None:
+        """Run a round now (also group0's on_applied: quick, never blocks on the loop)."""
         with self._cond:
             self._woken = True
             self._cond.notify_all()
+
+    notify_applied = wake
 
     def in_flight(self) -> frozenset[Replica]:
         """Replicas with a call in flight at the end of the last round."""
@@ -214,9 +211,6 @@ class ViewBuildingLoop:
 
     def _publish_counters(self) -> None:
         now, before, metrics = self._core.counters, self._published_counters, self._metrics
-        for counter, name in ((metrics.view_building_batches_sent, "batches_sent"),
-                              (metrics.view_building_batch_failures, "batch_failures"),
-                              (metrics.view_building_tasks_finished, "tasks_finished"),
-                              (metrics.view_building_flushes, "flushes")):
-            counter.inc(getattr(now, name) - getattr(before, name))
+        for name in ("batches_sent", "batch_failures", "tasks_finished", "flushes"):
+            getattr(metrics, f"view_building_{name}").inc(getattr(now, name) - getattr(before, name))
         self._published_counters = dataclasses.replace(now)
