@@ -40,30 +40,24 @@ table + `INSERT ... SELECT`, see bench/bulk.py). PostgreSQL: the chunk is copied
 round trip each). Returns the number of rows whose stored state changed (inserted or updated), exact on
 both engines.
 
-Processes. On SQLite the ADBC work runs in child processes of this module (`_ChildPool`): ADBC's SQLite
-driver carries its own copy of the SQLite library, and two copies in one process corrupt each other's WAL
-locking. PostgreSQL is reached over the network and runs in the calling thread.
+Processes. On SQLite the ADBC work runs in child processes (`storage.adbc_pool`, serving `CHILD_FUNCTIONS`):
+ADBC's SQLite driver carries its own copy of the SQLite library, and two copies in one process corrupt each
+other's WAL locking. PostgreSQL is reached over the network and runs in the calling thread.
 """
 from __future__ import annotations
 
 import atexit
 import math
-import os
-import pickle
-import struct
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import adbc_driver_postgresql.dbapi
 import adbc_driver_sqlite.dbapi
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .adbc_pool import ChildPool
 from .cells import ColumnSpec, TableSpec
 from .store import PG_WRITER_LOCK_ID, NodeStore
 from .upsert import ARROW_TYPES, greater_sql, key_column_names, physical_table_name, quote, ts_column_name, value_column_name
@@ -74,8 +68,7 @@ DEFAULT_BATCH_ROWS = 65_536
 DEFAULT_CHUNK_ROWS = 100_000
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_MERGE_CACHE_KIB = 65_536
-SQLITE_IDLE_CHILDREN = 2  # idle child processes kept for the ADBC SQLite work (see _ChildPool)
-_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the `storage` package
+SQLITE_IDLE_CHILDREN = 2  # idle child processes kept for the ADBC SQLite work (see storage.adbc_pool)
 
 _ARROW_TYPES = ARROW_TYPES
 _STORED_KIND = {"int": "int", "bigint": "int", "timestamp": "int", "double": "double", "text": "text",
@@ -181,138 +174,7 @@ def _transaction(cursor, begin: str) -> Iterator[None]:
     _execute(cursor, "COMMIT")
 
 
-class _Child:
-    """One child process running `_serve`: requests and answers are length-prefixed pickles on its pipes."""
-
-    def __init__(self) -> None:
-        environment = dict(os.environ)
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), environment.get("PYTHONPATH")]))
-        self._process = subprocess.Popen([sys.executable, "-c", "import storage.bulk as b; b._serve()"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment)
-
-    def alive(self) -> bool:
-        return self._process.poll() is None
-
-    def call(self, name: str, args: tuple) -> tuple[str, object]:
-        """("ok", result) or ("error", exception) as answered; EOFError/OSError when the child is gone."""
-        _send(self._process.stdin, (name, args))
-        return _receive(self._process.stdout)
-
-    def close(self) -> None:
-        try:
-            self._process.stdin.close()
-            self._process.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            self._process.kill()
-            self._process.wait()
-        self._process.stdout.close()
-
-
-class _ChildPool:
-    """Child processes that run the ADBC SQLite work, started on demand, one per call in flight.
-
-    ADBC's SQLite driver carries its own copy of the SQLite library. Two copies in one process break SQLite's
-    locking (POSIX locks belong to the process, and each copy tracks only its own connections): closing an
-    ADBC connection deletes the WAL under the store's open sqlite3 connections (seen here: the next write
-    was lost, then "disk I/O error"), and one copy's checkpoint can overwrite WAL frames a reader of the
-    other still uses. Across processes the two copies lock each other like any two processes.
-    Plain subprocesses rather than multiprocessing: spawn would re-run the parent's __main__ script.
-    """
-
-    def __init__(self, keep_idle: int) -> None:
-        self._keep_idle = keep_idle
-        self._idle: list[_Child] = []
-        self._lock = threading.Lock()
-
-    def run(self, name: str, *args):
-        child = self._take()
-        try:
-            status, value = child.call(name, args)
-        except BaseException:
-            child.close()  # dead, or the exchange was cut in the middle: never reuse it
-            raise
-        self._give_back(child)
-        if status == "error":
-            raise value
-        return value
-
-    def prestart(self, count: int) -> None:
-        """Keep `count` children idle from now on and start the missing ones (they import in the background), so
-        the first calls in flight at once do not each wait for a new process."""
-        with self._lock:
-            self._keep_idle = max(self._keep_idle, count)
-            for child in [c for c in self._idle if not c.alive()]:
-                self._idle.remove(child)
-                child.close()
-            self._idle.extend(_Child() for _ in range(count - len(self._idle)))
-
-    def _take(self) -> _Child:
-        with self._lock:
-            while self._idle:
-                child = self._idle.pop()
-                if child.alive():
-                    return child
-                child.close()
-        return _Child()
-
-    def _give_back(self, child: _Child) -> None:
-        with self._lock:
-            if len(self._idle) < self._keep_idle:
-                self._idle.append(child)
-                return
-        child.close()
-
-    def shutdown(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for child in idle:
-            child.close()
-
-
-def _send(stream, message: object) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(struct.pack(">Q", len(data)))
-    stream.write(data)
-    stream.flush()
-
-
-def _receive(stream) -> object:
-    header = stream.read(8)
-    if len(header) < 8:
-        raise EOFError("the storage.bulk child process closed its pipe")
-    size = struct.unpack(">Q", header)[0]
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError("the storage.bulk child process closed its pipe in the middle of an answer")
-    return pickle.loads(data)
-
-
-def _portable(error: Exception) -> Exception:
-    """The exception itself if it survives pickling, else a RuntimeError naming it."""
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
-
-
-def _serve() -> None:
-    """The child's loop: answer requests on stdin until it closes (the parent exited or shut the pool down)."""
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # a stray print must not corrupt the answers
-    while True:
-        try:
-            name, args = _receive(requests)
-        except EOFError:
-            return
-        try:
-            answer = ("ok", _CHILD_FUNCTIONS[name](*args))
-        except Exception as error:
-            answer = ("error", _portable(error))
-        _send(answers, answer)
-
-
-_SQLITE_CHILDREN = _ChildPool(SQLITE_IDLE_CHILDREN)
+_SQLITE_CHILDREN = ChildPool(SQLITE_IDLE_CHILDREN, __name__)
 atexit.register(_SQLITE_CHILDREN.shutdown)
 
 
@@ -698,4 +560,4 @@ def _child_merge(backend: _Backend, sql: str, params: bytes) -> int:
     return _merge_sqlite(backend, sql, _from_ipc(params))
 
 
-_CHILD_FUNCTIONS = {"read": _child_read, "merge": _child_merge}  # what a child process answers
+CHILD_FUNCTIONS = {"read": _child_read, "merge": _child_merge}  # what a child process answers (storage.adbc_pool)

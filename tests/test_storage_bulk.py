@@ -9,7 +9,6 @@ import uuid
 
 import pyarrow as pa
 import pytest
-import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -207,41 +206,6 @@ def test_reads_and_merges_leave_the_stores_own_connections_intact(store):
         assert store.has_table(spec.table_id) and store.has_table(view.table_id)
 
 
-def test_a_dead_child_process_is_replaced(tmp_path):
-    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
-        spec = new_table(store)
-        store.apply(spec.table_id, [Row(1, ("a", 1.0, 1), marker_ts=1)])
-        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-        for child in list(bulk._SQLITE_CHILDREN._idle):
-            child._process.kill()
-            child._process.wait()
-        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-        bulk.shutdown()
-        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-
-
-def test_prestarted_children_serve_the_first_calls_and_a_dead_one_is_replaced(tmp_path):
-    """A node starts its data plane's children at start: the first reads find them idle, none is started then."""
-    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
-        spec = new_table(store)
-        store.apply(spec.table_id, [Row(1, ("a", 1.0, 1), marker_ts=1)])
-        bulk.shutdown()
-        try:
-            bulk.prestart_children(store, 3)
-            prestarted = list(bulk._SQLITE_CHILDREN._idle)
-            assert len(prestarted) == 3 and all(child.alive() for child in prestarted)
-            prestarted[0]._process.kill()
-            prestarted[0]._process.wait()
-            bulk.prestart_children(store, 3)
-            ready = list(bulk._SQLITE_CHILDREN._idle)
-            assert len(ready) == 3 and prestarted[0] not in ready
-            assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-            assert set(bulk._SQLITE_CHILDREN._idle) == set(ready)  # the read used an idle child, started none
-        finally:
-            bulk.shutdown()
-            bulk._SQLITE_CHILDREN._keep_idle = bulk.SQLITE_IDLE_CHILDREN
-
-
 # --- merging ------------------------------------------------------------------------------------------
 
 
@@ -409,16 +373,6 @@ def test_rows_of_one_key_in_one_chunk_apply_in_input_order(store):
     expected = apply_one_by_one(store, applied, [as_upsert(applied, r) for r in rows])
     assert bulk.merge_view_rows(store, merged, view_rows(merged, rows)) == expected == 4
     assert_same_tables(store, merged, applied)
-
-
-def test_an_error_in_a_child_process_reaches_the_caller_and_the_child_stays_usable(tmp_path):
-    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
-        spec = new_table(store)
-        store.apply(spec.table_id, [Row(1, ("a", 1.0, 1), marker_ts=1)])
-        backend = bulk._backend(store)
-        with pytest.raises(Exception, match="no_such_table"):
-            bulk._SQLITE_CHILDREN.run("read", backend, "SELECT * FROM no_such_table", (), 10)
-        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
 
 
 def test_live_writes_during_a_merge_are_never_lost(store):
