@@ -2,13 +2,9 @@
 
 Reading. `read_token_range(store, spec, first, last)` returns one replica's rows of an inclusive token range as
 a `pyarrow.Table` in the **storage layout**, read in one read transaction (a snapshot: SQLite WAL read
-transaction, PostgreSQL REPEATABLE READ), in (token, primary key) order. Columns, named as in the store's
-SQL table (`storage_schema`): `token`; `c_<k>` per key column; `c_<r>`, `ts_<r>` per regular column (value and
-cell timestamp; a NULL `ts_<r>` is a cell never written, a NULL value with a timestamp a deleted cell);
-`marker_ts`, `tomb_ts`, `view_ts`, `write_ts`, `tombstone`. Arrow types come from the table spec, never from
-the data: int -> int32 (the Spark INT the token rule hashes), bigint/timestamp -> int64, double -> float64
-(NaN and every other value exact; SQLite keeps -0.0 as 0.0, PostgreSQL keeps it), text -> string,
-boolean -> bool, every timestamp column -> int64. A row is live when `tombstone` is false; a live row's
+transaction, PostgreSQL REPEATABLE READ), in (token, primary key) order, with the columns and Arrow types of
+`storage.arrow_layouts.storage_schema` (types from the table spec, never from the data; doubles exact, NaN
+included; SQLite keeps -0.0 as 0.0, PostgreSQL keeps it). A row is live when `tombstone` is false; a live row's
 visible cells are those with a non-NULL value and `ts_<r>` > `tomb_ts` (or no `tomb_ts`), as in
 `storage.cells.visible_values`.
 
@@ -20,8 +16,9 @@ snapshot's. `include_tombstones=True` returns the full replica (the storage layo
 Merging. `merge_view_rows(store, view_spec, rows)` merges computed view rows into a view table exactly as if
 each row had been applied through `NodeStore.apply` as the view update the write path sends for it
 (`replica.rows.upsert_row(view, values, ts)`): an upsert at `ts` of the row marker and of every regular
-column (a NULL value is a cell deletion at `ts`). Input columns (`view_rows_schema`): `token`, `c_<k>` per
-key column, `c_<r>` per regular column, and `ts`, the base row's `view_ts`; extra columns are ignored.
+column (a NULL value is a cell deletion at `ts`). Input columns (`storage.arrow_layouts.view_rows_schema`):
+`token`, `c_<k>` per key column, `c_<r>` per regular column, and `ts`, the base row's `view_ts`; extra columns
+are ignored.
 Per cell the newer timestamp wins; on a tie a deletion wins over a value, and between two values the
 greater by the canonical order of `storage.cells` (False < True, integers numerically, doubles by IEEE-754
 totalOrder, text by UTF-8 bytes); the marker keeps the highest timestamp; a row that changes gets
@@ -33,9 +30,10 @@ The rows are sorted by primary key in pyarrow, then merged in chunks of `chunk_r
 transaction holding the store's writer lock (its in-process lock, then `BEGIN IMMEDIATE` on SQLite or the
 store's advisory lock on PostgreSQL), so live writes interleave between chunks and never race one, and
 committed synchronously (SQLite `synchronous=FULL`), so merged rows are durable when the call returns.
-SQLite: one bound `INSERT ... VALUES (?...) ON CONFLICT (pk) DO UPDATE SET <per-cell winner> WHERE <anything
-wins>` executed for every row of the chunk (ADBC binds the Arrow columns; measured faster than a staging
-table + `INSERT ... SELECT`, see bench/bulk.py). PostgreSQL: the chunk is copied into a temporary table
+The statement is the last-write-wins rule of `storage.upsert` (`last_write_wins_sql`, for rows that write the
+marker and every cell). SQLite: one bound `INSERT ... VALUES (?...) ON CONFLICT ...` executed for every row of
+the chunk (ADBC binds the Arrow columns; measured faster than a staging table + `INSERT ... SELECT`, see
+bench/bulk.py). PostgreSQL: the chunk is copied into a temporary table
 (ADBC ingest, COPY) and merged by the same statement as `INSERT ... SELECT` (a bound statement per row costs a
 round trip each). Returns the number of rows whose stored state changed (inserted or updated), exact on
 both engines.
@@ -58,58 +56,35 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .adbc_pool import ChildPool
-from .cells import ColumnSpec, TableSpec
+from .arrow_layouts import (
+    TS,
+    key_column_names,
+    storage_column_names,
+    storage_schema,
+    value_column_name,
+    view_rows_schema,
+)
+from .cells import TableSpec
 from .store import PG_WRITER_LOCK_ID, NodeStore
-from .upsert import ARROW_TYPES, greater_sql, key_column_names, physical_table_name, quote, ts_column_name, value_column_name
+from .upsert import last_write_wins_sql, physical_table_name, quote
 
-TS = "ts"  # merge_view_rows input: the timestamp of the view upsert (the base row's view_ts)
-ROW_COLUMNS = ("marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone")
 DEFAULT_BATCH_ROWS = 65_536
 DEFAULT_CHUNK_ROWS = 100_000
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_MERGE_CACHE_KIB = 65_536
 SQLITE_IDLE_CHILDREN = 2  # idle child processes kept for the ADBC SQLite work (see storage.adbc_pool)
 
-_ARROW_TYPES = ARROW_TYPES
 _STORED_KIND = {"int": "int", "bigint": "int", "timestamp": "int", "double": "double", "text": "text",
                 "boolean": "boolean"}
 _NAN_FLAG = "{}__is_nan"  # SQLite reads: a double column's NaN flag (SQLite stores NaN as the text 'NaN')
 _SQLITE_WITNESS = {"int": "0", "double": "0.0", "text": "''", "boolean": "0"}
 
 
-# --- Arrow schemas ---------------------------------------------------------------------------------------
-
-
-def arrow_type(column_type: str) -> pa.DataType:
-    """The Arrow type of a column of `column_type` (see the module docstring)."""
-    return _ARROW_TYPES[column_type]
-
-
-def storage_schema(spec: TableSpec) -> pa.Schema:
-    """The Arrow schema of `read_token_range`: the store's SQL columns, in table order."""
-    fields = [pa.field("token", pa.int64(), nullable=False)]
-    fields += [pa.field(value_column_name(c.name), arrow_type(c.type), nullable=False) for c in spec.key_columns]
-    for c in spec.regular:
-        fields += [pa.field(value_column_name(c.name), arrow_type(c.type)), pa.field(ts_column_name(c.name), pa.int64())]
-    fields += [pa.field(name, pa.int64()) for name in ("marker_ts", "tomb_ts", "view_ts")]
-    fields += [pa.field("write_ts", pa.int64(), nullable=False), pa.field("tombstone", pa.bool_(), nullable=False)]
-    return pa.schema(fields)
-
-
-def view_rows_schema(spec: TableSpec) -> pa.Schema:
-    """The Arrow schema `merge_view_rows` takes: token, key and regular values, and the upsert's `ts`."""
-    fields = [pa.field("token", pa.int64(), nullable=False)]
-    fields += [pa.field(value_column_name(c.name), arrow_type(c.type), nullable=False) for c in spec.key_columns]
-    fields += [pa.field(value_column_name(c.name), arrow_type(c.type)) for c in spec.regular]
-    return pa.schema(fields + [pa.field(TS, pa.int64(), nullable=False)])
-
-
 def _stored_columns(spec: TableSpec) -> list[tuple[str, str]]:
     """(SQL column name, stored kind: int | double | text | boolean) of every column, in table order."""
-    columns = [("token", "int")] + [(value_column_name(c.name), _STORED_KIND[c.type]) for c in spec.key_columns]
-    for c in spec.regular:
-        columns += [(value_column_name(c.name), _STORED_KIND[c.type]), (ts_column_name(c.name), "int")]
-    return columns + [(name, "int") for name in ROW_COLUMNS[:4]] + [("tombstone", "boolean")]
+    kinds = {value_column_name(c.name): _STORED_KIND[c.type] for c in spec.columns}
+    kinds["tombstone"] = "boolean"
+    return [(name, kinds.get(name, "int")) for name in storage_column_names(spec)]
 
 
 # --- connections -----------------------------------------------------------------------------------------
@@ -337,66 +312,20 @@ def _checked_column(rows: pa.Table, name: str, arrow: pa.DataType, nullable: boo
         raise TypeError(f"view rows column {name!r} ({column.type}) cannot be read as {arrow}: {error}") from None
 
 
-def _bind_type(column_type: str) -> pa.DataType:
-    """The Arrow type a value is bound as: every integer as int64 (the stored BIGINT)."""
-    return pa.int64() if _STORED_KIND[column_type] == "int" else arrow_type(column_type)
+def _bound_field(field: pa.Field) -> pa.Field:
+    """The field as its values are bound: every integer as int64 (the stored BIGINT)."""
+    return field.with_type(pa.int64()) if pa.types.is_integer(field.type) else field
 
 
 def prepare_view_rows(spec: TableSpec, rows: pa.Table) -> pa.Table:
     """The view rows checked, cast to the bound types and sorted by primary key (stable: equal keys keep order)."""
-    fields = [("token", pa.int64(), False)]
-    fields += [(value_column_name(c.name), _bind_type(c.type), False) for c in spec.key_columns]
-    fields += [(value_column_name(c.name), _bind_type(c.type), True) for c in spec.regular]
-    fields += [(TS, pa.int64(), False)]
-    arrays = [_checked_column(rows, name, arrow, nullable) for name, arrow, nullable in fields]
-    table = pa.Table.from_arrays(arrays, names=[name for name, _, _ in fields])
+    fields = [_bound_field(field) for field in view_rows_schema(spec)]
+    arrays = [_checked_column(rows, field.name, field.type, field.nullable) for field in fields]
+    table = pa.Table.from_arrays(arrays, names=[field.name for field in fields])
     return table.sort_by([(name, "ascending") for name in key_column_names(spec)])
 
 
-# The statement: INSERT the row as the upsert makes it; ON CONFLICT merge it cell by cell, WHERE anything wins.
-
-
-def _cell_wins(column: ColumnSpec, backend: _Backend) -> str:
-    """Whether the incoming cell beats the stored one (no stored cell, newer, or the tie rule of storage.cells)."""
-    value, ts = quote(value_column_name(column.name)), quote(ts_column_name(column.name))
-    greater = greater_sql(column, f"excluded.{value}", f"cur.{value}", backend.sqlite)
-    return (f"(cur.{ts} IS NULL OR excluded.{ts} > cur.{ts} OR (excluded.{ts} = cur.{ts} "
-            f"AND cur.{value} IS NOT NULL AND (excluded.{value} IS NULL OR {greater})))")
-
-
-def _newer_or_missing(name: str) -> str:
-    return f"(cur.{name} IS NULL OR excluded.{name} > cur.{name})"
-
-
-def _update_assignments(spec: TableSpec, backend: _Backend) -> list[str]:
-    assignments = []
-    for column in spec.regular:
-        wins = _cell_wins(column, backend)
-        for name in (value_column_name(column.name), ts_column_name(column.name)):
-            quoted = quote(name)
-            assignments.append(f"{quoted} = CASE WHEN {wins} THEN excluded.{quoted} ELSE cur.{quoted} END")
-    marker = f"CASE WHEN {_newer_or_missing('marker_ts')} THEN excluded.marker_ts ELSE cur.marker_ts END"
-    return assignments + [
-        f"marker_ts = {marker}",
-        f"tombstone = CASE WHEN cur.tomb_ts IS NULL OR {marker} > cur.tomb_ts THEN false ELSE true END",
-        "write_ts = CASE WHEN excluded.write_ts > cur.write_ts THEN excluded.write_ts ELSE cur.write_ts END",
-        "view_ts = CASE WHEN cur.view_ts IS NULL OR excluded.write_ts > cur.view_ts + 1 "
-        "THEN excluded.write_ts ELSE cur.view_ts + 1 END",
-    ]
-
-
-def _on_conflict(spec: TableSpec, backend: _Backend) -> str:
-    changed = " OR ".join([_newer_or_missing("marker_ts")] + [_cell_wins(c, backend) for c in spec.regular])
-    return (f"ON CONFLICT ({', '.join(quote(n) for n in key_column_names(spec))}) DO UPDATE SET "
-            f"{', '.join(_update_assignments(spec, backend))} WHERE {changed}")
-
-
-def _insert_head(spec: TableSpec) -> str:
-    names = key_column_names(spec)
-    for column in spec.regular:
-        names += [value_column_name(column.name), ts_column_name(column.name)]
-    names += list(ROW_COLUMNS)
-    return f"INSERT INTO {quote(physical_table_name(spec.table_id))} AS cur ({', '.join(quote(n) for n in names)})"
+# The statement: INSERT the row as the upsert makes it; ON CONFLICT the rule of storage.upsert.last_write_wins_sql.
 
 
 def _inserted_values(spec: TableSpec, value) -> list[str]:
@@ -441,7 +370,7 @@ def sqlite_upsert_sql(spec: TableSpec) -> str:
         return f"CASE WHEN ?{bound.index(_Bound(name, True)) + 1} THEN 'NaN' ELSE {placeholder} END"
 
     values = ", ".join(_inserted_values(spec, value))
-    return f"{_insert_head(spec)} VALUES ({values}) {_on_conflict(spec, _Backend(True, ''))}"
+    return last_write_wins_sql(spec, True, f"VALUES ({values})", full_rows=True)
 
 
 def _sqlite_bind_table(chunk: pa.RecordBatch, bound: list[_Bound]) -> pa.RecordBatch:
@@ -476,7 +405,7 @@ def postgres_merge_sql(spec: TableSpec, merge_round: int | None = None) -> str:
     """INSERT ... SELECT from the staging table (only `merge_round` if given) ... ON CONFLICT merge."""
     values = ", ".join(_inserted_values(spec, quote))
     where = "" if merge_round is None else f" WHERE {_ROUND} = {int(merge_round)}"
-    return f"{_insert_head(spec)} SELECT {values} FROM {_STAGE}{where} {_on_conflict(spec, _Backend(False, ''))}"
+    return last_write_wins_sql(spec, False, f"SELECT {values} FROM {_STAGE}{where}", full_rows=True)
 
 
 def _same_as_previous(column: pa.Array) -> pa.Array:

@@ -1,4 +1,4 @@
-"""The child processes of storage.adbc_pool that run the ADBC SQLite work of storage.bulk: reuse, replacement, errors."""
+"""The child processes of storage.adbc_pool running storage.bulk's ADBC SQLite work: reuse, replacement, errors."""
 from __future__ import annotations
 
 import uuid

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage import bulk
+from storage.arrow_layouts import mutation_table, storage_schema, view_rows_schema
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, same_key, state_equal
 from storage.store import NodeStore, ts_column_name, value_column_name
 
@@ -108,25 +109,12 @@ def stored_rows(draw) -> Row:
     return Row(token_for(partition), (partition, *draw(CLUSTERINGS)), marker, tomb, cells)
 
 
-def test_storage_schema_follows_the_spec():
-    spec = TableSpec(uuid.uuid4().hex, KEYS[0], KEYS[1], REGULAR)
-    schema = bulk.storage_schema(spec)
-    assert schema.names == ["token", "c_p", "c_k", "c_n", "c_i", "ts_i", "c_big", "ts_big", "c_t", "ts_t",
-                            "c_flag", "ts_flag", "c_d", "ts_d", "c_at", "ts_at",
-                            "marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone"]
-    types = {name: schema.field(name).type for name in schema.names}
-    assert (types["c_n"], types["c_i"], types["c_big"], types["c_at"]) == (pa.int32(), pa.int32(), pa.int64(), pa.int64())
-    assert (types["c_t"], types["c_flag"], types["c_d"], types["tombstone"]) == (pa.string(), pa.bool_(), pa.float64(), pa.bool_())
-    assert bulk.view_rows_schema(spec).names == ["token", "c_p", "c_k", "c_n", "c_i", "c_big", "c_t", "c_flag", "c_d",
-                                                 "c_at", "ts"]
-
-
 def test_an_empty_range_and_a_missing_table_give_typed_empty_tables(store):
     spec = new_table(store)
     store.apply(spec.table_id, [Row(5, ("a", 1.0, 1), marker_ts=1)])
     for table in (bulk.read_token_range(store, spec, 6, 100),
                   bulk.read_token_range(store, TableSpec(uuid.uuid4().hex, KEYS[0], KEYS[1], REGULAR), MIN_TOKEN, MAX_TOKEN)):
-        assert table.num_rows == 0 and table.schema == bulk.storage_schema(spec)
+        assert table.num_rows == 0 and table.schema == storage_schema(spec)
     assert bulk.count_in_range(store, spec, 6, 100) == 0
     assert bulk.count_in_range(store, spec, 5, 5) == 1
 
@@ -141,7 +129,7 @@ def test_read_returns_exactly_the_rows_of_the_range_in_the_storage_layout(store,
             store.apply(spec.table_id, [row])
         expected = store.scan(spec.table_id, *bounds, include_tombstones=include_tombstones)
         table = bulk.read_token_range(store, spec, *bounds, include_tombstones=include_tombstones)
-        assert table.schema == bulk.storage_schema(spec)
+        assert table.schema == storage_schema(spec)
         assert [canonical_row(r) for r in table.to_pylist()] == [canonical_row(layout_of(spec, r)) for r in expected]
         assert bulk.count_in_range(store, spec, *bounds, include_tombstones=include_tombstones) == len(expected)
     finally:
@@ -155,7 +143,7 @@ def test_null_heavy_columns_and_nan_keep_their_types_across_batches(store):
                                                              "flag": Cell(False, 2), "i": Cell(INT32[0], 2)})]
     store.apply(spec.table_id, rows)
     table = bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN, batch_rows=3)
-    assert table.schema == bulk.storage_schema(spec)
+    assert table.schema == storage_schema(spec)
     last = table.to_pylist()[-1]
     assert (last["c_t"], last["c_flag"], last["c_i"]) == ("late", False, INT32[0])
     assert math.isnan(last["c_d"]) and math.isnan(last["c_k"])
@@ -216,7 +204,7 @@ def view_row(partition: str, clustering: tuple, ts: int, **values) -> dict:
 
 
 def view_rows(spec: TableSpec, rows: list[dict]) -> pa.Table:
-    schema = bulk.view_rows_schema(spec)
+    schema = view_rows_schema(spec)
     return pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
 
 
@@ -288,6 +276,35 @@ def test_merge_equals_applying_the_view_updates_through_the_store(store, operati
     finally:
         store.drop_table(merged.table_id)
         store.drop_table(applied.table_id)
+
+
+WRITES = st.lists(
+    st.one_of(st.tuples(st.just("deletes"), st.lists(live_rows().filter(lambda r: isinstance(r, tuple)), min_size=1,
+                                                     max_size=3)),
+              st.tuples(st.just("writes"), st.lists(merge_rows(), min_size=1, max_size=8))),
+    min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=WRITES)
+def test_both_statement_shapes_share_the_last_write_wins_rule(store, batches):
+    """The same writes, with colliding timestamps, through the upsert of mutations (`apply_columns`) and through the
+    merge of view rows leave the same table and count the same changes; row deletions in between."""
+    by_mutations, by_view_rows = new_table(store), new_table(store)
+    try:
+        for kind, rows in batches:
+            if kind == "deletes":
+                deletes = [live_row(by_mutations, r) for r in rows]
+                assert store.apply(by_mutations.table_id, deletes).changed == \
+                    store.apply(by_view_rows.table_id, deletes).changed
+                continue
+            mutations = mutation_table(by_mutations, [as_upsert(by_mutations, r) for r in rows])
+            assert store.apply_columns(by_mutations.table_id, mutations).changed == \
+                bulk.merge_view_rows(store, by_view_rows, view_rows(by_view_rows, rows))
+            assert_same_tables(store, by_view_rows, by_mutations)
+    finally:
+        store.drop_table(by_mutations.table_id)
+        store.drop_table(by_view_rows.table_id)
 
 
 def test_tie_rules_match_storage_cells(store):
