@@ -29,6 +29,7 @@ import pyarrow.compute as pc  # noqa: E402
 
 from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN, token_of  # noqa: E402
 from storage import bulk  # noqa: E402
+from storage.arrow_layouts import storage_schema, view_rows_schema  # noqa: E402
 from storage.cells import ColumnSpec, TableSpec  # noqa: E402
 from storage.store import NodeStore, physical_table_name  # noqa: E402
 
@@ -58,7 +59,7 @@ def python_sqlite_read(path: Path) -> pa.Table:
     rows = db.execute(f"SELECT * FROM {physical_table_name(BASE.table_id)} WHERE token >= ? AND token <= ? "
                       "AND tombstone = 0", (MIN_TOKEN, MAX_TOKEN)).fetchall()
     db.close()
-    schema = bulk.storage_schema(BASE)
+    schema = storage_schema(BASE)
     columns = list(zip(*rows))
     arrays = [pa.array(column).cast(field.type) for column, field in zip(columns, schema)]
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -69,7 +70,7 @@ def view_rows(base: pa.Table, view: TableSpec) -> pa.Table:
     tokens = pa.array([token_of((c,), ("int",)) for c in range(10)], pa.int64())
     return pa.table({"token": pc.take(tokens, base.column("c_c")), "c_c": base.column("c_c"),
                      "c_key": base.column("c_key"), "c_v": base.column("c_v"), "ts": base.column("view_ts")},
-                    schema=bulk.view_rows_schema(view))
+                    schema=view_rows_schema(view))
 
 
 def sqlite_set_based_build(path: Path, view: TableSpec) -> float:

@@ -20,7 +20,7 @@ class RowBatch:
 
     `schema_version` is the sender's schema version (the receiver catches up to it first); `timestamp` is the
     coordinator's write timestamp of a base write, observed by the receiving node's clock (0 for view updates).
-    A base write's rows may come as `columns` instead, an Arrow table in storage.upsert's mutation layout
+    A base write's rows may come as `columns` instead, an Arrow table in storage.arrow_layouts' mutation layout
     (then `rows` is empty).
     """
 

@@ -1,6 +1,6 @@
 """The mutations of one INSERT executed with Arrow value columns, built with whole-column operations.
 
-The result is a table in storage.upsert's mutation layout: the token of every row (common.arrow_tokens), the
+The result is a table in storage.arrow_layouts' mutation layout: the token of every row (common.arrow_tokens), the
 key columns, a value and a timestamp column per regular column (NULL timestamps for columns the INSERT does
 not name), `marker_ts` and an empty `tomb_ts`. Values convert as the row path converts them (integers in
 range, doubles from integers or floats with -0.0 stored as 0.0, text from strings, booleans from booleans).
@@ -19,7 +19,7 @@ from common.arrow_tokens import tokens_of
 from common.arrow_values import rows_of
 from coordinator.core.schema import Table
 from replica.rows import storage_spec
-from storage.upsert import ARROW_TYPES, MUTATION_TYPES, mutation_schema
+from storage.arrow_layouts import arrow_type, mutation_schema
 
 from . import ast
 from .catalog import coerce, require_column
@@ -53,7 +53,7 @@ def insert_mutations(table: Table, statement: ast.Insert, columns: list[pa.Chunk
         if isinstance(literal, ast.BindMarker):
             values[name] = converted(columns[slot[literal.position]], column_type)
         else:
-            values[name] = pa.repeat(pa.scalar(coerce(table, name, literal), ARROW_TYPES[column_type]), rows)
+            values[name] = pa.repeat(pa.scalar(coerce(table, name, literal), arrow_type(column_type)), rows)
     if any(name not in values or values[name].null_count for name in table.primary_key):
         raise NotColumnar("a key column is missing or holds NULL")
     tokens = tokens_of([values[name] for name in table.partition_key], table.partition_key_types)
@@ -62,7 +62,7 @@ def insert_mutations(table: Table, statement: ast.Insert, columns: list[pa.Chunk
 
 def converted(column: pa.ChunkedArray, column_type: str) -> pa.ChunkedArray:
     """`column` as the Arrow type of a CQL column, with the row path's rules (NotColumnar where they differ)."""
-    target = ARROW_TYPES[column_type]
+    target = arrow_type(column_type)
     source = column.type
     if pa.types.is_null(source):
         return pa.chunked_array([pa.nulls(len(column), target)])
@@ -89,12 +89,12 @@ def _layout(table: Table, values: dict, tokens: pa.Array, rows: int, ts: int) ->
     schema = mutation_schema(spec)
     stamps = pa.repeat(pa.scalar(ts, pa.int64()), rows)
     no_stamps = pa.nulls(rows, pa.int64())
-    arrays = [tokens] + [values[c.name].cast(MUTATION_TYPES[c.type]) for c in spec.key_columns]
+    arrays = [tokens] + [values[c.name] for c in spec.key_columns]  # already of the layout's types (`converted`)
     for c in spec.regular:
         if c.name in values:
-            arrays += [values[c.name].cast(MUTATION_TYPES[c.type]), stamps]
+            arrays += [values[c.name], stamps]
         else:
-            arrays += [pa.nulls(rows, MUTATION_TYPES[c.type]), no_stamps]
+            arrays += [pa.nulls(rows, arrow_type(c.type)), no_stamps]
     arrays += [stamps, no_stamps]
     return pa.Table.from_arrays([_whole(a) for a in arrays], schema=schema)
 

@@ -19,9 +19,9 @@ from coordinator.core.errors import InvalidArgument, NotFound
 from coordinator.core.schema import Table
 from coordinator.core.tokens import tablet_range
 from storage import bulk
+from storage.arrow_layouts import conformed, rows_of_mutations
 from storage.cells import Row
 from storage.store import NodeStore
-from storage.upsert import conformed, rows_of_mutations
 
 from replica.inflight import InflightWrites
 from replica.rows import storage_spec
@@ -159,8 +159,8 @@ class LocalData:
         return changed
 
     def merge_view_rows(self, view_id: str, schema_version: int, rows: pa.Table) -> int:
-        """Merge view rows computed by a view building batch (`bulk.view_rows_schema`), set-based and
-        last-write-wins; the number of rows that changed (0 if the view was dropped meanwhile)."""
+        """Merge view rows computed by a view building batch (`storage.arrow_layouts.view_rows_schema`), set-based
+        and last-write-wins; the number of rows that changed (0 if the view was dropped meanwhile)."""
         self._injections.hit("view_rows.receive")
         self._schema.catch_up(schema_version)
         view = self._schema.read(lambda s: s.tables.get(view_id))

@@ -1,6 +1,6 @@
 """The view updates of a columnar base write, in bulk: `coordinator.core.views` applied to whole Arrow columns.
 
-The store hands over the state of every base row the write changed, before and after (`storage.upsert.
+The store hands over the state of every base row the write changed, before and after (`storage.arrow_layouts.
 state_schema`, aligned row by row). Per view, the rows whose view row goes away or moves get a view tombstone
 at the old view key, the rows whose view row appears or changes get a full view row; both at the base row's
 new `view_ts`, as `replica.view_updates` does row by row. A row changed several times by one write yields the
@@ -17,7 +17,7 @@ from common.arrow_tokens import tablets_of, tokens_of
 from common.replica_messages import RowBatch
 from coordinator.core.schema import Filter, Replica, Table
 from coordinator.core.tokens import tablet_range
-from storage.upsert import MUTATION_TYPES, mutation_schema, ts_column_name, value_column_name
+from storage.arrow_layouts import arrow_type, mutation_schema, ts_column_name, value_column_name
 
 from replica.rows import storage_spec
 from replica.view_updates import WriteContext, pair_index
@@ -152,7 +152,7 @@ def _mutations(view: Table, values: dict, stamps: pa.ChunkedArray, cells: bool) 
     for name in view.primary_key:
         columns[value_column_name(name)] = values[name]
     for column in view.regular_columns:
-        no_values = pa.nulls(count, MUTATION_TYPES[column.type])
+        no_values = pa.nulls(count, arrow_type(column.type))
         columns[value_column_name(column.name)] = values[column.name] if cells else no_values
         columns[ts_column_name(column.name)] = stamps if cells else pa.nulls(count, pa.int64())
     columns["marker_ts"] = stamps if cells else pa.nulls(count, pa.int64())

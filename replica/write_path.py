@@ -50,8 +50,8 @@ class WriteCoordinator:
         self._send(batches, sorted({t.qualified_name for t, _ in mutations}))
 
     def write_columns(self, table: Table, mutations: pa.Table, timestamp: int) -> None:
-        """Like `write`, for mutations of one table given as columns (storage.upsert's mutation layout): routed
-        with whole-column operations and sent as Arrow."""
+        """Like `write`, for mutations of one table given as columns (storage.arrow_layouts' mutation layout):
+        routed with whole-column operations and sent as Arrow."""
         batches = self._read_state(lambda s: route_columns(s, table, mutations, timestamp))
         self._send(batches, [table.qualified_name])
 

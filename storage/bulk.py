@@ -2,13 +2,9 @@
 
 Reading. `read_token_range(store, spec, first, last)` returns one replica's rows of an inclusive token range as
 a `pyarrow.Table` in the **storage layout**, read in one read transaction (a snapshot: SQLite WAL read
-transaction, PostgreSQL REPEATABLE READ), in (token, primary key) order. Columns, named as in the store's
-SQL table (`storage_schema`): `token`; `c_<k>` per key column; `c_<r>`, `ts_<r>` per regular column (value and
-cell timestamp; a NULL `ts_<r>` is a cell never written, a NULL value with a timestamp a deleted cell);
-`marker_ts`, `tomb_ts`, `view_ts`, `write_ts`, `tombstone`. Arrow types come from the table spec, never from
-the data: int -> int32 (the Spark INT the token rule hashes), bigint/timestamp -> int64, double -> float64
-(NaN and every other value exact; SQLite keeps -0.0 as 0.0, PostgreSQL keeps it), text -> string,
-boolean -> bool, every timestamp column -> int64. A row is live when `tombstone` is false; a live row's
+transaction, PostgreSQL REPEATABLE READ), in (token, primary key) order, with the columns and Arrow types of
+`storage.arrow_layouts.storage_schema` (types from the table spec, never from the data; doubles exact, NaN
+included; SQLite keeps -0.0 as 0.0, PostgreSQL keeps it). A row is live when `tombstone` is false; a live row's
 visible cells are those with a non-NULL value and `ts_<r>` > `tomb_ts` (or no `tomb_ts`), as in
 `storage.cells.visible_values`.
 
@@ -20,8 +16,9 @@ snapshot's. `include_tombstones=True` returns the full replica (the storage layo
 Merging. `merge_view_rows(store, view_spec, rows)` merges computed view rows into a view table exactly as if
 each row had been applied through `NodeStore.apply` as the view update the write path sends for it
 (`replica.rows.upsert_row(view, values, ts)`): an upsert at `ts` of the row marker and of every regular
-column (a NULL value is a cell deletion at `ts`). Input columns (`view_rows_schema`): `token`, `c_<k>` per
-key column, `c_<r>` per regular column, and `ts`, the base row's `view_ts`; extra columns are ignored.
+column (a NULL value is a cell deletion at `ts`). Input columns (`storage.arrow_layouts.view_rows_schema`):
+`token`, `c_<k>` per key column, `c_<r>` per regular column, and `ts`, the base row's `view_ts`; extra columns
+are ignored.
 Per cell the newer timestamp wins; on a tie a deletion wins over a value, and between two values the
 greater by the canonical order of `storage.cells` (False < True, integers numerically, doubles by IEEE-754
 totalOrder, text by UTF-8 bytes); the marker keeps the highest timestamp; a row that changes gets
@@ -33,90 +30,61 @@ The rows are sorted by primary key in pyarrow, then merged in chunks of `chunk_r
 transaction holding the store's writer lock (its in-process lock, then `BEGIN IMMEDIATE` on SQLite or the
 store's advisory lock on PostgreSQL), so live writes interleave between chunks and never race one, and
 committed synchronously (SQLite `synchronous=FULL`), so merged rows are durable when the call returns.
-SQLite: one bound `INSERT ... VALUES (?...) ON CONFLICT (pk) DO UPDATE SET <per-cell winner> WHERE <anything
-wins>` executed for every row of the chunk (ADBC binds the Arrow columns; measured faster than a staging
-table + `INSERT ... SELECT`, see bench/bulk.py). PostgreSQL: the chunk is copied into a temporary table
+The statement is the last-write-wins rule of `storage.upsert` (`last_write_wins_sql`, for rows that write the
+marker and every cell). SQLite: one bound `INSERT ... VALUES (?...) ON CONFLICT ...` executed for every row of
+the chunk (ADBC binds the Arrow columns; measured faster than a staging table + `INSERT ... SELECT`, see
+bench/bulk.py). PostgreSQL: the chunk is copied into a temporary table
 (ADBC ingest, COPY) and merged by the same statement as `INSERT ... SELECT` (a bound statement per row costs a
 round trip each). Returns the number of rows whose stored state changed (inserted or updated), exact on
 both engines.
 
-Processes. On SQLite the ADBC work runs in child processes of this module (`_ChildPool`): ADBC's SQLite
-driver carries its own copy of the SQLite library, and two copies in one process corrupt each other's WAL
-locking. PostgreSQL is reached over the network and runs in the calling thread.
+Processes. On SQLite the ADBC work runs in child processes (`storage.adbc_pool`, serving `CHILD_FUNCTIONS`):
+ADBC's SQLite driver carries its own copy of the SQLite library, and two copies in one process corrupt each
+other's WAL locking. PostgreSQL is reached over the network and runs in the calling thread.
 """
 from __future__ import annotations
 
 import atexit
 import math
-import os
-import pickle
-import struct
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import adbc_driver_postgresql.dbapi
 import adbc_driver_sqlite.dbapi
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .cells import ColumnSpec, TableSpec
+from .adbc_pool import ChildPool
+from .arrow_layouts import (
+    TS,
+    key_column_names,
+    storage_column_names,
+    storage_schema,
+    value_column_name,
+    view_rows_schema,
+)
+from .cells import TableSpec
 from .store import PG_WRITER_LOCK_ID, NodeStore
-from .upsert import ARROW_TYPES, greater_sql, key_column_names, physical_table_name, quote, ts_column_name, value_column_name
+from .upsert import last_write_wins_sql, physical_table_name, quote
 
-TS = "ts"  # merge_view_rows input: the timestamp of the view upsert (the base row's view_ts)
-ROW_COLUMNS = ("marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone")
 DEFAULT_BATCH_ROWS = 65_536
 DEFAULT_CHUNK_ROWS = 100_000
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_MERGE_CACHE_KIB = 65_536
-SQLITE_IDLE_CHILDREN = 2  # idle child processes kept for the ADBC SQLite work (see _ChildPool)
-_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the `storage` package
+SQLITE_IDLE_CHILDREN = 2  # idle child processes kept for the ADBC SQLite work (see storage.adbc_pool)
 
-_ARROW_TYPES = ARROW_TYPES
 _STORED_KIND = {"int": "int", "bigint": "int", "timestamp": "int", "double": "double", "text": "text",
                 "boolean": "boolean"}
 _NAN_FLAG = "{}__is_nan"  # SQLite reads: a double column's NaN flag (SQLite stores NaN as the text 'NaN')
 _SQLITE_WITNESS = {"int": "0", "double": "0.0", "text": "''", "boolean": "0"}
 
 
-# --- Arrow schemas ---------------------------------------------------------------------------------------
-
-
-def arrow_type(column_type: str) -> pa.DataType:
-    """The Arrow type of a column of `column_type` (see the module docstring)."""
-    return _ARROW_TYPES[column_type]
-
-
-def storage_schema(spec: TableSpec) -> pa.Schema:
-    """The Arrow schema of `read_token_range`: the store's SQL columns, in table order."""
-    fields = [pa.field("token", pa.int64(), nullable=False)]
-    fields += [pa.field(value_column_name(c.name), arrow_type(c.type), nullable=False) for c in spec.key_columns]
-    for c in spec.regular:
-        fields += [pa.field(value_column_name(c.name), arrow_type(c.type)), pa.field(ts_column_name(c.name), pa.int64())]
-    fields += [pa.field(name, pa.int64()) for name in ("marker_ts", "tomb_ts", "view_ts")]
-    fields += [pa.field("write_ts", pa.int64(), nullable=False), pa.field("tombstone", pa.bool_(), nullable=False)]
-    return pa.schema(fields)
-
-
-def view_rows_schema(spec: TableSpec) -> pa.Schema:
-    """The Arrow schema `merge_view_rows` takes: token, key and regular values, and the upsert's `ts`."""
-    fields = [pa.field("token", pa.int64(), nullable=False)]
-    fields += [pa.field(value_column_name(c.name), arrow_type(c.type), nullable=False) for c in spec.key_columns]
-    fields += [pa.field(value_column_name(c.name), arrow_type(c.type)) for c in spec.regular]
-    return pa.schema(fields + [pa.field(TS, pa.int64(), nullable=False)])
-
-
 def _stored_columns(spec: TableSpec) -> list[tuple[str, str]]:
     """(SQL column name, stored kind: int | double | text | boolean) of every column, in table order."""
-    columns = [("token", "int")] + [(value_column_name(c.name), _STORED_KIND[c.type]) for c in spec.key_columns]
-    for c in spec.regular:
-        columns += [(value_column_name(c.name), _STORED_KIND[c.type]), (ts_column_name(c.name), "int")]
-    return columns + [(name, "int") for name in ROW_COLUMNS[:4]] + [("tombstone", "boolean")]
+    kinds = {value_column_name(c.name): _STORED_KIND[c.type] for c in spec.columns}
+    kinds["tombstone"] = "boolean"
+    return [(name, kinds.get(name, "int")) for name in storage_column_names(spec)]
 
 
 # --- connections -----------------------------------------------------------------------------------------
@@ -181,138 +149,7 @@ def _transaction(cursor, begin: str) -> Iterator[None]:
     _execute(cursor, "COMMIT")
 
 
-class _Child:
-    """One child process running `_serve`: requests and answers are length-prefixed pickles on its pipes."""
-
-    def __init__(self) -> None:
-        environment = dict(os.environ)
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), environment.get("PYTHONPATH")]))
-        self._process = subprocess.Popen([sys.executable, "-c", "import storage.bulk as b; b._serve()"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment)
-
-    def alive(self) -> bool:
-        return self._process.poll() is None
-
-    def call(self, name: str, args: tuple) -> tuple[str, object]:
-        """("ok", result) or ("error", exception) as answered; EOFError/OSError when the child is gone."""
-        _send(self._process.stdin, (name, args))
-        return _receive(self._process.stdout)
-
-    def close(self) -> None:
-        try:
-            self._process.stdin.close()
-            self._process.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            self._process.kill()
-            self._process.wait()
-        self._process.stdout.close()
-
-
-class _ChildPool:
-    """Child processes that run the ADBC SQLite work, started on demand, one per call in flight.
-
-    ADBC's SQLite driver carries its own copy of the SQLite library. Two copies in one process break SQLite's
-    locking (POSIX locks belong to the process, and each copy tracks only its own connections): closing an
-    ADBC connection deletes the WAL under the store's open sqlite3 connections (seen here: the next write
-    was lost, then "disk I/O error"), and one copy's checkpoint can overwrite WAL frames a reader of the
-    other still uses. Across processes the two copies lock each other like any two processes.
-    Plain subprocesses rather than multiprocessing: spawn would re-run the parent's __main__ script.
-    """
-
-    def __init__(self, keep_idle: int) -> None:
-        self._keep_idle = keep_idle
-        self._idle: list[_Child] = []
-        self._lock = threading.Lock()
-
-    def run(self, name: str, *args):
-        child = self._take()
-        try:
-            status, value = child.call(name, args)
-        except BaseException:
-            child.close()  # dead, or the exchange was cut in the middle: never reuse it
-            raise
-        self._give_back(child)
-        if status == "error":
-            raise value
-        return value
-
-    def prestart(self, count: int) -> None:
-        """Keep `count` children idle from now on and start the missing ones (they import in the background), so
-        the first calls in flight at once do not each wait for a new process."""
-        with self._lock:
-            self._keep_idle = max(self._keep_idle, count)
-            for child in [c for c in self._idle if not c.alive()]:
-                self._idle.remove(child)
-                child.close()
-            self._idle.extend(_Child() for _ in range(count - len(self._idle)))
-
-    def _take(self) -> _Child:
-        with self._lock:
-            while self._idle:
-                child = self._idle.pop()
-                if child.alive():
-                    return child
-                child.close()
-        return _Child()
-
-    def _give_back(self, child: _Child) -> None:
-        with self._lock:
-            if len(self._idle) < self._keep_idle:
-                self._idle.append(child)
-                return
-        child.close()
-
-    def shutdown(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for child in idle:
-            child.close()
-
-
-def _send(stream, message: object) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(struct.pack(">Q", len(data)))
-    stream.write(data)
-    stream.flush()
-
-
-def _receive(stream) -> object:
-    header = stream.read(8)
-    if len(header) < 8:
-        raise EOFError("the storage.bulk child process closed its pipe")
-    size = struct.unpack(">Q", header)[0]
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError("the storage.bulk child process closed its pipe in the middle of an answer")
-    return pickle.loads(data)
-
-
-def _portable(error: Exception) -> Exception:
-    """The exception itself if it survives pickling, else a RuntimeError naming it."""
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
-
-
-def _serve() -> None:
-    """The child's loop: answer requests on stdin until it closes (the parent exited or shut the pool down)."""
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # a stray print must not corrupt the answers
-    while True:
-        try:
-            name, args = _receive(requests)
-        except EOFError:
-            return
-        try:
-            answer = ("ok", _CHILD_FUNCTIONS[name](*args))
-        except Exception as error:
-            answer = ("error", _portable(error))
-        _send(answers, answer)
-
-
-_SQLITE_CHILDREN = _ChildPool(SQLITE_IDLE_CHILDREN)
+_SQLITE_CHILDREN = ChildPool(SQLITE_IDLE_CHILDREN, __name__)
 atexit.register(_SQLITE_CHILDREN.shutdown)
 
 
@@ -475,66 +312,20 @@ def _checked_column(rows: pa.Table, name: str, arrow: pa.DataType, nullable: boo
         raise TypeError(f"view rows column {name!r} ({column.type}) cannot be read as {arrow}: {error}") from None
 
 
-def _bind_type(column_type: str) -> pa.DataType:
-    """The Arrow type a value is bound as: every integer as int64 (the stored BIGINT)."""
-    return pa.int64() if _STORED_KIND[column_type] == "int" else arrow_type(column_type)
+def _bound_field(field: pa.Field) -> pa.Field:
+    """The field as its values are bound: every integer as int64 (the stored BIGINT)."""
+    return field.with_type(pa.int64()) if pa.types.is_integer(field.type) else field
 
 
 def prepare_view_rows(spec: TableSpec, rows: pa.Table) -> pa.Table:
     """The view rows checked, cast to the bound types and sorted by primary key (stable: equal keys keep order)."""
-    fields = [("token", pa.int64(), False)]
-    fields += [(value_column_name(c.name), _bind_type(c.type), False) for c in spec.key_columns]
-    fields += [(value_column_name(c.name), _bind_type(c.type), True) for c in spec.regular]
-    fields += [(TS, pa.int64(), False)]
-    arrays = [_checked_column(rows, name, arrow, nullable) for name, arrow, nullable in fields]
-    table = pa.Table.from_arrays(arrays, names=[name for name, _, _ in fields])
+    fields = [_bound_field(field) for field in view_rows_schema(spec)]
+    arrays = [_checked_column(rows, field.name, field.type, field.nullable) for field in fields]
+    table = pa.Table.from_arrays(arrays, names=[field.name for field in fields])
     return table.sort_by([(name, "ascending") for name in key_column_names(spec)])
 
 
-# The statement: INSERT the row as the upsert makes it; ON CONFLICT merge it cell by cell, WHERE anything wins.
-
-
-def _cell_wins(column: ColumnSpec, backend: _Backend) -> str:
-    """Whether the incoming cell beats the stored one (no stored cell, newer, or the tie rule of storage.cells)."""
-    value, ts = quote(value_column_name(column.name)), quote(ts_column_name(column.name))
-    greater = greater_sql(column, f"excluded.{value}", f"cur.{value}", backend.sqlite)
-    return (f"(cur.{ts} IS NULL OR excluded.{ts} > cur.{ts} OR (excluded.{ts} = cur.{ts} "
-            f"AND cur.{value} IS NOT NULL AND (excluded.{value} IS NULL OR {greater})))")
-
-
-def _newer_or_missing(name: str) -> str:
-    return f"(cur.{name} IS NULL OR excluded.{name} > cur.{name})"
-
-
-def _update_assignments(spec: TableSpec, backend: _Backend) -> list[str]:
-    assignments = []
-    for column in spec.regular:
-        wins = _cell_wins(column, backend)
-        for name in (value_column_name(column.name), ts_column_name(column.name)):
-            quoted = quote(name)
-            assignments.append(f"{quoted} = CASE WHEN {wins} THEN excluded.{quoted} ELSE cur.{quoted} END")
-    marker = f"CASE WHEN {_newer_or_missing('marker_ts')} THEN excluded.marker_ts ELSE cur.marker_ts END"
-    return assignments + [
-        f"marker_ts = {marker}",
-        f"tombstone = CASE WHEN cur.tomb_ts IS NULL OR {marker} > cur.tomb_ts THEN false ELSE true END",
-        "write_ts = CASE WHEN excluded.write_ts > cur.write_ts THEN excluded.write_ts ELSE cur.write_ts END",
-        "view_ts = CASE WHEN cur.view_ts IS NULL OR excluded.write_ts > cur.view_ts + 1 "
-        "THEN excluded.write_ts ELSE cur.view_ts + 1 END",
-    ]
-
-
-def _on_conflict(spec: TableSpec, backend: _Backend) -> str:
-    changed = " OR ".join([_newer_or_missing("marker_ts")] + [_cell_wins(c, backend) for c in spec.regular])
-    return (f"ON CONFLICT ({', '.join(quote(n) for n in key_column_names(spec))}) DO UPDATE SET "
-            f"{', '.join(_update_assignments(spec, backend))} WHERE {changed}")
-
-
-def _insert_head(spec: TableSpec) -> str:
-    names = key_column_names(spec)
-    for column in spec.regular:
-        names += [value_column_name(column.name), ts_column_name(column.name)]
-    names += list(ROW_COLUMNS)
-    return f"INSERT INTO {quote(physical_table_name(spec.table_id))} AS cur ({', '.join(quote(n) for n in names)})"
+# The statement: INSERT the row as the upsert makes it; ON CONFLICT the rule of storage.upsert.last_write_wins_sql.
 
 
 def _inserted_values(spec: TableSpec, value) -> list[str]:
@@ -579,7 +370,7 @@ def sqlite_upsert_sql(spec: TableSpec) -> str:
         return f"CASE WHEN ?{bound.index(_Bound(name, True)) + 1} THEN 'NaN' ELSE {placeholder} END"
 
     values = ", ".join(_inserted_values(spec, value))
-    return f"{_insert_head(spec)} VALUES ({values}) {_on_conflict(spec, _Backend(True, ''))}"
+    return last_write_wins_sql(spec, True, f"VALUES ({values})", full_rows=True)
 
 
 def _sqlite_bind_table(chunk: pa.RecordBatch, bound: list[_Bound]) -> pa.RecordBatch:
@@ -614,7 +405,7 @@ def postgres_merge_sql(spec: TableSpec, merge_round: int | None = None) -> str:
     """INSERT ... SELECT from the staging table (only `merge_round` if given) ... ON CONFLICT merge."""
     values = ", ".join(_inserted_values(spec, quote))
     where = "" if merge_round is None else f" WHERE {_ROUND} = {int(merge_round)}"
-    return f"{_insert_head(spec)} SELECT {values} FROM {_STAGE}{where} {_on_conflict(spec, _Backend(False, ''))}"
+    return last_write_wins_sql(spec, False, f"SELECT {values} FROM {_STAGE}{where}", full_rows=True)
 
 
 def _same_as_previous(column: pa.Array) -> pa.Array:
@@ -698,4 +489,4 @@ def _child_merge(backend: _Backend, sql: str, params: bytes) -> int:
     return _merge_sqlite(backend, sql, _from_ipc(params))
 
 
-_CHILD_FUNCTIONS = {"read": _child_read, "merge": _child_merge}  # what a child process answers
+CHILD_FUNCTIONS = {"read": _child_read, "merge": _child_merge}  # what a child process answers (storage.adbc_pool)

@@ -32,19 +32,16 @@ from .cells import (
     with_view_ts,
     write_ts,
 )
+from .arrow_layouts import conformed, state_table, ts_column_name, value_column_name
 from .upsert import (
     SQLITE_NAN,
     UpsertBindings,
     arrow_bindings,
-    conformed,
     physical_table_name,
     quote,
     replace_sql,
     rows_per_statement,
-    state_table,
-    ts_column_name,
     upsert_sql,
-    value_column_name,
 )
 
 Derive = Callable[[Sequence[tuple[Row | None, Row]]], Sequence[tuple[str, bytes]]]
@@ -57,6 +54,7 @@ SQLITE_WRITER_CACHE_KIB = 262_144  # the writer's page cache, grown as used: ran
 # WAL pages before the writer checkpoints in its own commit: a big random-key batch dirties thousands at once. A
 # backstop: the node checkpoints in the background (NodeStore.checkpoint) long before a one-row write path gets there.
 SQLITE_CHECKPOINT_PAGES = 16_384
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 PG_WRITER_LOCK_ID = 0x7662635F73746F72  # arbitrary constant naming the store's writer advisory lock
 _IMMEDIATE = "storage_begin_immediate"
@@ -139,6 +137,10 @@ def _check_token(token: int) -> int:
     return token
 
 
+def _is_int32(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and INT32_MIN <= value <= INT32_MAX
+
+
 def _is_int64(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX
 
@@ -148,7 +150,7 @@ def _is_number(value: object) -> bool:
 
 
 _ACCEPTS = {
-    "int": _is_int64,
+    "int": _is_int32,  # CQL's int is 32 bits, as in every Arrow layout (storage.arrow_layouts)
     "bigint": _is_int64,
     "timestamp": _is_int64,
     "double": _is_number,
@@ -410,7 +412,7 @@ class PhysicalTable:
         return list({self._state_lookup(row): row for row in rows}.values())
 
     def fetch_states(self, conn: sa.Connection, keys: Sequence[tuple]) -> dict[tuple, tuple]:
-        """The stored state (`storage.upsert.state_schema` order) of each of the (token, *key) rows that exists,
+        """The stored state (`storage.arrow_layouts.state_schema` order) of each of the (token, *key) rows that exists,
         by lookup key."""
         key_end = len(self.key_columns)
         columns = list(self.table.columns)[:-2]  # up to view_ts: write_ts and tombstone follow from the rest
@@ -686,7 +688,7 @@ class NodeStore:
         an exception rolls back the whole batch. Without `derive` (a table without views) the batch is merged
         set-based by one SQL upsert (storage.upsert); with it, the stored rows are fetched in one query and
         merged here. `typed` says the mutations' values already have their columns' types (rows made from
-        `storage.upsert.conformed` columns), so they are not checked again.
+        `storage.arrow_layouts.conformed` columns), so they are not checked again.
         """
         physical = self._physical(table_id)
         batch = list(mutations) if typed else [physical.normalise(mutation) for mutation in mutations]
@@ -715,12 +717,12 @@ class NodeStore:
         return ApplyResult(len(changes), outbox_ids)
 
     def apply_columns(self, table_id: str, mutations: pa.Table, derive: DeriveStates | None = None) -> ApplyResult:
-        """Merge mutations given as an Arrow table in the mutation layout (storage.upsert) set-based, in one
+        """Merge mutations given as an Arrow table in the mutation layout (storage.arrow_layouts) set-based, in one
         transaction, with the derived outbox entries.
 
         `derive(before, after)` gets the state of every row the batch changed before and after it, as two aligned
-        `storage.upsert.state_schema` tables (a row that did not exist before is all NULL there); it runs inside
-        the write transaction, as `apply`'s does. A row changed several times by the batch appears once, with
+        `storage.arrow_layouts.state_schema` tables (a row that did not exist before is all NULL there); it runs
+        inside the write transaction, as `apply`'s does. A row changed several times by the batch appears once, with
         its first and its last state.
         """
         physical = self._physical(table_id)

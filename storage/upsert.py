@@ -1,11 +1,9 @@
-"""The set-based last-write-wins upsert of base mutations: the merge rule of storage.cells written in SQL.
+"""The last-write-wins merge of storage.cells written in SQL, and the set-based upsert of base mutations with it.
 
-One statement, `INSERT INTO t AS cur (...) VALUES (...) ON CONFLICT (token, key) DO UPDATE SET ... WHERE ...`,
-executed for every mutation of a chunk (`executemany`: the database's own loop, no Python per cell). Bound
-per mutation, in table column order (`upsert_columns`): `token`, the key values, per regular column the value
-and its timestamp (a NULL timestamp: the mutation does not write that column; a NULL value with a timestamp:
-a deletion), `marker_ts`, `tomb_ts`, and the values a new row gets: `view_ts` (= `write_ts`), `write_ts` (the
-mutation's highest timestamp) and `tombstone` (not live). On a conflict, as `storage.cells.merge` does:
+The rule (`last_write_wins_sql`) is one `INSERT INTO t AS cur (...) <rows> ON CONFLICT (token, key) DO UPDATE SET
+... WHERE ...` over the table's columns in table order (`storage.arrow_layouts.storage_column_names`), for two
+statement shapes: the upsert of base mutations here (`upsert_sql`) and the merge of computed view rows
+(`storage.bulk`). On a conflict, as `storage.cells.merge` does:
 
 * each written cell replaces the stored one when it is newer, or at the same timestamp when it is a deletion
   over a value, or the greater value in the canonical order (text by UTF-8 bytes, doubles by totalOrder);
@@ -13,16 +11,21 @@ mutation's highest timestamp) and `tombstone` (not live). On a conflict, as `sto
   marker is newer than its tombstone;
 * `write_ts` keeps the highest timestamp, and `view_ts` becomes `storage.cells.next_view_ts`;
 * `WHERE`: only when something wins (`storage.cells.changes_state`), so the database's count of changed rows
-  is the number of mutations that changed the stored state, and applying a mutation again changes nothing.
+  is the number of incoming rows that changed the stored state, and applying one again changes nothing.
 
-Mutations of one key in one chunk apply in order (statements run in order, and on SQLite a statement's several
-VALUES rows apply one after the other). An empty mutation (no
-marker, tombstone or cell) must be left out by the caller: as a new row it would store nothing.
+A mutation may leave any cell, the marker and the tombstone unwritten (NULL timestamps); a view row
+(`full_rows`) writes the marker and every cell and never a tombstone, so the statement leaves out the checks
+that cannot matter for it (the same rule, a shorter expression per row).
 
-Mutations also travel as Arrow tables in the **mutation layout** (`mutation_schema`): `token`, `c_<k>` per key
-column, `c_<r>` and `ts_<r>` per regular column, `marker_ts`, `tomb_ts`, with the types of `MUTATION_TYPES`.
-`arrow_bindings` turns such a table into the bound values (empty mutations left out), `rows_of_mutations` into
-`storage.cells.Row`s.
+The upsert of mutations: one statement executed for every mutation of a chunk (`executemany`: the database's own
+loop, no Python per cell). Bound per mutation, in table column order: `token`, the key values, per regular
+column the value and its timestamp (a NULL timestamp: the mutation does not write that column; a NULL value
+with a timestamp: a deletion), `marker_ts`, `tomb_ts`, and the values a new row gets: `view_ts` (= `write_ts`),
+`write_ts` (the mutation's highest timestamp) and `tombstone` (not live). Mutations of one key in one chunk apply
+in order (statements run in order, and on SQLite a statement's several VALUES rows apply one after the other).
+An empty mutation (no marker, tombstone or cell) must be left out by the caller: as a new row it would store
+nothing. `arrow_bindings` turns a table in the mutation layout (`storage.arrow_layouts`) into the bound values
+(empty mutations left out).
 """
 from __future__ import annotations
 
@@ -31,30 +34,18 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .cells import Cell, ColumnSpec, Row, TableSpec
+from .arrow_layouts import (
+    MUTATION_STATE_COLUMNS,
+    key_column_names,
+    storage_column_names,
+    ts_column_name,
+    value_column_name,
+)
+from .cells import ColumnSpec, TableSpec
 
-ROW_STATE_COLUMNS = ("marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone")
-MUTATION_STATE_COLUMNS = ("marker_ts", "tomb_ts")
-ARROW_TYPES = {
-    "int": pa.int32(),
-    "bigint": pa.int64(),
-    "timestamp": pa.int64(),
-    "double": pa.float64(),
-    "text": pa.string(),
-    "boolean": pa.bool_(),
-}
 MAX_ROWS_PER_STATEMENT = 64  # measured: 64 VALUES rows per statement upsert ~12% more rows/s than one
 MAX_BOUND_VALUES = 999  # SQLite's smallest compiled-in limit of bound values per statement
-MUTATION_TYPES = dict(ARROW_TYPES, int=pa.int64())  # every integer as stored: a BIGINT column
 SQLITE_NAN = "NaN"  # how the store keeps a NaN double on SQLite (SQLite would turn a NaN REAL into NULL)
-
-
-def value_column_name(name: str) -> str:
-    return f"c_{name}"
-
-
-def ts_column_name(name: str) -> str:
-    return f"ts_{name}"
 
 
 def physical_table_name(table_id: str) -> str:
@@ -63,19 +54,6 @@ def physical_table_name(table_id: str) -> str:
 
 def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def key_column_names(spec: TableSpec) -> list[str]:
-    """The SQL primary key: the token, then the key columns."""
-    return ["token"] + [value_column_name(c.name) for c in spec.key_columns]
-
-
-def upsert_columns(spec: TableSpec) -> list[str]:
-    """Every SQL column of the table, in table order: the order values are bound in."""
-    names = key_column_names(spec)
-    for column in spec.regular:
-        names += [value_column_name(column.name), ts_column_name(column.name)]
-    return names + list(ROW_STATE_COLUMNS)
 
 
 def greater_sql(column: ColumnSpec, incoming: str, stored: str, sqlite: bool) -> str:
@@ -90,37 +68,75 @@ def greater_sql(column: ColumnSpec, incoming: str, stored: str, sqlite: bool) ->
     return f"{incoming} > {stored}"
 
 
-def _cell_wins(column: ColumnSpec, sqlite: bool) -> str:
+# --- the last-write-wins rule ----------------------------------------------------------------------------
+
+
+def last_write_wins_sql(spec: TableSpec, sqlite: bool, rows: str, *, full_rows: bool) -> str:
+    """`INSERT INTO t AS cur (every column) <rows> ON CONFLICT (pk) DO UPDATE SET <winners> WHERE <anything wins>`.
+
+    `rows`: the SQL giving the incoming rows (`VALUES ...` or `SELECT ...`), in `storage_column_names` order.
+    `full_rows`: every incoming row writes the marker and every cell, and no tombstone (see the module docstring).
+    """
+    columns = ", ".join(quote(n) for n in storage_column_names(spec))
+    keys = ", ".join(quote(n) for n in key_column_names(spec))
+    changed = " OR ".join([_newer(name, full_rows) for name in _incoming_stamps(full_rows)]
+                          + [_cell_wins(c, sqlite, full_rows) for c in spec.regular])
+    return (f"INSERT INTO {quote(physical_table_name(spec.table_id))} AS cur ({columns}) {rows} "
+            f"ON CONFLICT ({keys}) DO UPDATE SET {', '.join(_assignments(spec, sqlite, full_rows))} WHERE {changed}")
+
+
+def _incoming_stamps(full_rows: bool) -> tuple[str, ...]:
+    """The row stamps an incoming row may write: a view row never writes a tombstone."""
+    return ("marker_ts",) if full_rows else MUTATION_STATE_COLUMNS
+
+
+def _if_written(name: str, condition: str, full_rows: bool) -> str:
+    """`condition`, for a part that a mutation may leave unwritten (NULL `excluded.<name>`) only where written."""
+    return condition if full_rows else f"(excluded.{name} IS NOT NULL AND {condition})"
+
+
+def _cell_wins(column: ColumnSpec, sqlite: bool, full_rows: bool) -> str:
+    """Whether the incoming cell beats the stored one (no stored cell, newer, or the tie rule of storage.cells)."""
     value, ts = quote(value_column_name(column.name)), quote(ts_column_name(column.name))
     greater = greater_sql(column, f"excluded.{value}", f"cur.{value}", sqlite)
-    return (f"(excluded.{ts} IS NOT NULL AND (cur.{ts} IS NULL OR excluded.{ts} > cur.{ts} OR "
-            f"(excluded.{ts} = cur.{ts} AND cur.{value} IS NOT NULL AND (excluded.{value} IS NULL OR {greater}))))")
+    wins = (f"(cur.{ts} IS NULL OR excluded.{ts} > cur.{ts} OR "
+            f"(excluded.{ts} = cur.{ts} AND cur.{value} IS NOT NULL AND (excluded.{value} IS NULL OR {greater})))")
+    return _if_written(ts, wins, full_rows)
 
 
-def _newer(name: str) -> str:
-    return f"(excluded.{name} IS NOT NULL AND (cur.{name} IS NULL OR excluded.{name} > cur.{name}))"
+def _newer(name: str, full_rows: bool) -> str:
+    return _if_written(name, f"(cur.{name} IS NULL OR excluded.{name} > cur.{name})", full_rows)
 
 
-def _highest(name: str) -> str:
-    return f"CASE WHEN {_newer(name)} THEN excluded.{name} ELSE cur.{name} END"
+def _highest(name: str, full_rows: bool) -> str:
+    return f"CASE WHEN {_newer(name, full_rows)} THEN excluded.{name} ELSE cur.{name} END"
 
 
-def _assignments(spec: TableSpec, sqlite: bool) -> list[str]:
+def _assignments(spec: TableSpec, sqlite: bool, full_rows: bool) -> list[str]:
     assignments = []
     for column in spec.regular:
-        wins = _cell_wins(column, sqlite)
+        wins = _cell_wins(column, sqlite, full_rows)
         for name in (quote(value_column_name(column.name)), quote(ts_column_name(column.name))):
             assignments.append(f"{name} = CASE WHEN {wins} THEN excluded.{name} ELSE cur.{name} END")
-    marker, tomb = _highest("marker_ts"), _highest("tomb_ts")  # SET sees the old row: the new values inline
-    return assignments + [
-        f"marker_ts = {marker}",
-        f"tomb_ts = {tomb}",
-        f"tombstone = CASE WHEN ({marker}) IS NOT NULL AND (({tomb}) IS NULL OR ({marker}) > ({tomb})) "
-        "THEN false ELSE true END",
+    marker = _highest("marker_ts", full_rows)  # SET sees the old row: the new values inline
+    return assignments + [f"marker_ts = {marker}"] + _tombstone_assignments(marker, full_rows) + [
         "write_ts = CASE WHEN excluded.write_ts > cur.write_ts THEN excluded.write_ts ELSE cur.write_ts END",
         "view_ts = CASE WHEN cur.view_ts IS NULL OR excluded.write_ts > cur.view_ts + 1 "
         "THEN excluded.write_ts ELSE cur.view_ts + 1 END",
     ]
+
+
+def _tombstone_assignments(marker: str, full_rows: bool) -> list[str]:
+    """The row tombstone's timestamp and the tombstone flag: a tombstone unless the marker is newer."""
+    if full_rows:  # the marker is written, the stored tombstone stays
+        return [f"tombstone = CASE WHEN cur.tomb_ts IS NULL OR {marker} > cur.tomb_ts THEN false ELSE true END"]
+    tomb = _highest("tomb_ts", full_rows)
+    return [f"tomb_ts = {tomb}",
+            f"tombstone = CASE WHEN ({marker}) IS NOT NULL AND (({tomb}) IS NULL OR ({marker}) > ({tomb})) "
+            "THEN false ELSE true END"]
+
+
+# --- the upsert of mutations -----------------------------------------------------------------------------
 
 
 def rows_per_statement(spec: TableSpec, sqlite: bool, constants: int = 0) -> int:
@@ -129,25 +145,18 @@ def rows_per_statement(spec: TableSpec, sqlite: bool, constants: int = 0) -> int
     that would update one row twice."""
     if not sqlite:
         return 1
-    varying = len(upsert_columns(spec)) - constants
+    varying = len(storage_column_names(spec)) - constants
     return max(1, min(MAX_ROWS_PER_STATEMENT, (MAX_BOUND_VALUES - constants) // varying))
 
 
 def upsert_sql(spec: TableSpec, sqlite: bool, rows: int = 1, constants: tuple[int, ...] = ()) -> str:
     """The statement for `rows` mutations, with DB-API positional placeholders (`?` sqlite3, `%s` psycopg).
 
-    `constants` (SQLite only): positions in `upsert_columns` whose one value serves every row of the statement.
-    The statement then numbers its parameters: each row's own values first, row after row, then the constants."""
-    return _upsert_statement(spec, sqlite, ", ".join(_values_rows(len(upsert_columns(spec)), sqlite, rows, constants)))
-
-
-def _upsert_statement(spec: TableSpec, sqlite: bool, values: str) -> str:
-    columns = upsert_columns(spec)
-    changed = " OR ".join([_newer("marker_ts"), _newer("tomb_ts")] + [_cell_wins(c, sqlite) for c in spec.regular])
-    return (f"INSERT INTO {quote(physical_table_name(spec.table_id))} AS cur "
-            f"({', '.join(quote(n) for n in columns)}) VALUES {values} "
-            f"ON CONFLICT ({', '.join(quote(n) for n in key_column_names(spec))}) DO UPDATE SET "
-            f"{', '.join(_assignments(spec, sqlite))} WHERE {changed}")
+    `constants` (SQLite only): positions in `storage_column_names` whose one value serves every row of the
+    statement. The statement then numbers its parameters: each row's own values first, row after row, then the
+    constants."""
+    values = ", ".join(_values_rows(len(storage_column_names(spec)), sqlite, rows, constants))
+    return last_write_wins_sql(spec, sqlite, f"VALUES {values}", full_rows=False)
 
 
 def _values_rows(width: int, sqlite: bool, rows: int, constants: tuple[int, ...]) -> list[str]:
@@ -166,7 +175,7 @@ def _values_rows(width: int, sqlite: bool, rows: int, constants: tuple[int, ...]
 
 def replace_sql(spec: TableSpec, sqlite: bool) -> str:
     """Store whole rows already merged (by the caller, under the writer lock): insert, or overwrite every column."""
-    columns = upsert_columns(spec)
+    columns = storage_column_names(spec)
     keys = key_column_names(spec)
     placeholders = ", ".join(["?" if sqlite else "%s"] * len(columns))
     assignments = ", ".join(f"{quote(n)} = excluded.{quote(n)}" for n in columns if n not in keys)
@@ -174,32 +183,7 @@ def replace_sql(spec: TableSpec, sqlite: bool) -> str:
             f"VALUES ({placeholders}) ON CONFLICT ({', '.join(quote(n) for n in keys)}) DO UPDATE SET {assignments}")
 
 
-# --- the mutation layout in Arrow ------------------------------------------------------------------------
-
-
-def mutation_schema(spec: TableSpec) -> pa.Schema:
-    """The Arrow schema of mutations of `spec`'s table (see the module docstring)."""
-    fields = [pa.field("token", pa.int64(), nullable=False)]
-    fields += [pa.field(value_column_name(c.name), MUTATION_TYPES[c.type], nullable=False) for c in spec.key_columns]
-    for c in spec.regular:
-        fields += [pa.field(value_column_name(c.name), MUTATION_TYPES[c.type]),
-                   pa.field(ts_column_name(c.name), pa.int64())]
-    return pa.schema(fields + [pa.field(name, pa.int64()) for name in MUTATION_STATE_COLUMNS])
-
-
-def state_schema(spec: TableSpec) -> pa.Schema:
-    """The Arrow schema of stored row states: the mutation layout (every column nullable, so a missing row is
-    all NULL) plus the row's `view_ts`."""
-    fields = [field.with_nullable(True) for field in mutation_schema(spec)]
-    return pa.schema(fields + [pa.field("view_ts", pa.int64())])
-
-
-def state_table(spec: TableSpec, rows: list[tuple]) -> pa.Table:
-    """Stored row states, each a tuple of values in `state_schema` order (None for every value of a missing row)."""
-    schema = state_schema(spec)
-    columns = list(zip(*rows)) if rows else [()] * len(schema)
-    return pa.Table.from_arrays([pa.array(values, field.type) for values, field in zip(columns, schema)],
-                                schema=schema)
+# --- binding a mutation-layout table ---------------------------------------------------------------
 
 
 def _stamp_columns(spec: TableSpec, mutations: pa.Table) -> list:
@@ -232,7 +216,7 @@ def _has_nan(column: pa.ChunkedArray) -> bool:
 
 @dataclass(frozen=True)
 class UpsertBindings:
-    """What `upsert_sql` binds for a chunk of mutations, by position in `upsert_columns`: for each position of
+    """What `upsert_sql` binds for a chunk of mutations, by position in `storage_column_names`: for each position of
     `varying`, a value per mutation (`columns`, aligned with `varying`); for each (position, value) of
     `constants`, one value that serves every mutation of the chunk."""
 
@@ -301,52 +285,3 @@ def arrow_bindings(spec: TableSpec, mutations: pa.Table, sqlite: bool) -> Upsert
         varying.append(position)
         values.append(_bindable(pc.take(column, order), sqlite))
     return UpsertBindings(tuple(varying), values, tuple(constants))
-
-
-def rows_of_mutations(spec: TableSpec, mutations: pa.Table) -> list[Row]:
-    """The mutations of a mutation-layout table as Rows (for the merge in Python of a table with views)."""
-    mutations = conformed(spec, mutations)
-    tokens = mutations.column("token").to_pylist()
-    keys = list(zip(*(mutations.column(value_column_name(c.name)).to_pylist() for c in spec.key_columns)))
-    regular = [(c.name, mutations.column(value_column_name(c.name)).to_pylist(),
-                mutations.column(ts_column_name(c.name)).to_pylist()) for c in spec.regular]
-    markers, tombs = mutations.column("marker_ts").to_pylist(), mutations.column("tomb_ts").to_pylist()
-    rows = []
-    for i, token in enumerate(tokens):
-        cells = {name: Cell(values[i], stamps[i]) for name, values, stamps in regular if stamps[i] is not None}
-        rows.append(Row(token, keys[i], markers[i], tombs[i], cells))
-    return rows
-
-
-def mutation_table(spec: TableSpec, rows: list[Row]) -> pa.Table:
-    """Rows as a mutation-layout table (the inverse of `rows_of_mutations`)."""
-    columns = {"token": [row.token for row in rows]}
-    for position, c in enumerate(spec.key_columns):
-        columns[value_column_name(c.name)] = [row.key[position] for row in rows]
-    for c in spec.regular:
-        cells = [row.cells.get(c.name) for row in rows]
-        columns[value_column_name(c.name)] = [None if cell is None else cell.value for cell in cells]
-        columns[ts_column_name(c.name)] = [None if cell is None else cell.ts for cell in cells]
-    columns["marker_ts"] = [row.marker_ts for row in rows]
-    columns["tomb_ts"] = [row.tomb_ts for row in rows]
-    return pa.Table.from_pydict(columns, schema=mutation_schema(spec))
-
-
-def conformed(spec: TableSpec, mutations: pa.Table) -> pa.Table:
-    """The mutations with exactly the columns and types of `mutation_schema(spec)` (ValueError naming a problem).
-
-    A regular column the mutations lack (they were built with an older version of the table) is not written by
-    them: its value and timestamp columns are added as NULLs. Columns the table does not have are dropped."""
-    schema = mutation_schema(spec)
-    if mutations.schema.equals(schema):
-        return mutations
-    regular = {name for c in spec.regular for name in (value_column_name(c.name), ts_column_name(c.name))}
-    missing = [name for name in schema.names if name not in mutations.column_names]
-    if any(name not in regular for name in missing):
-        raise ValueError(f"mutations of table {spec.table_id} lack columns {[n for n in missing if n not in regular]}")
-    for name in missing:
-        mutations = mutations.append_column(name, pa.nulls(mutations.num_rows, schema.field(name).type))
-    try:
-        return mutations.select(schema.names).cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as error:
-        raise ValueError(f"mutations of table {spec.table_id} do not fit its columns: {error}") from None

@@ -1,4 +1,4 @@
-"""Stored row states as tuples in `storage.upsert.state_schema` order, for tests of the columnar derive."""
+"""Stored row states as tuples in `storage.arrow_layouts.state_schema` order, for tests of the columnar derive."""
 from __future__ import annotations
 
 from storage.cells import Row, TableSpec

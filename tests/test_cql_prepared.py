@@ -13,8 +13,8 @@ from common.arrow_values import plain_columns
 from cql.columnar import ArrowValues
 from cql.executor import Executor
 from replica.rows import storage_spec
+from storage.arrow_layouts import rows_of_mutations
 from storage.cells import Cell
-from storage.upsert import rows_of_mutations
 from replica.write_path import TableDropped
 from cql.limits import Limits
 from cql.prepared import UNPREPARED, BindColumn, PreparedCache, Unprepared, statement_id

@@ -14,8 +14,8 @@ from coordinator.core.errors import InvalidArgument, NotFound, Unavailable
 from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN
 from replica.rows import delete_row, storage_spec, upsert_row, visible_row
 from replica.write_path import route, write_failure
+from storage.arrow_layouts import mutation_table
 from storage.cells import Cell, Row
-from storage.upsert import mutation_table
 from tests.replica_fakes import InProcessCluster, cluster_state
 
 TS = 1_000

@@ -21,6 +21,7 @@ from coordinator.core.views import matches
 from replica.rows import partition_token, storage_spec
 from replica.view_updates import WriteContext, view_updates
 from storage import bulk
+from storage.arrow_layouts import storage_schema, view_rows_schema
 from storage.cells import Cell, Row, visible_values
 from storage.store import NodeStore, PhysicalTable
 from worker import spark_views as sv
@@ -65,7 +66,7 @@ def stored_base_rows(base: Table, rows: list[Row]) -> pa.Table:
     """The base rows as `storage.bulk.read_token_range(..., include_tombstones=True)` hands them over."""
     spec = storage_spec(base)
     physical = PhysicalTable(spec)
-    return pa.Table.from_pylist([physical.to_params(r) for r in rows], schema=bulk.storage_schema(spec))
+    return pa.Table.from_pylist([physical.to_params(r) for r in rows], schema=storage_schema(spec))
 
 
 def canonical(value: object) -> object:
@@ -88,7 +89,7 @@ def physical_names(view: Table) -> list[str]:
 def assert_same_view_rows(base: Table, view: Table, rows: list[Row], spark_rows: pa.Table) -> None:
     names = physical_names(view)
     assert spark_rows.column_names == names
-    expected_schema = bulk.storage_schema(storage_spec(view))
+    expected_schema = storage_schema(storage_spec(view))
     assert [f.type for f in spark_rows.schema] == [f.type for f in expected_schema]
     got = spark_rows.to_pylist()
     assert as_rows(got, names) == as_rows(write_path_view_rows(base, view, rows), names)
@@ -240,7 +241,7 @@ def test_single_view_dataframe_and_merge_layout(spark, scenario):
     frame = sv.base_frame(spark, stored_base_rows(base, rows))
     assert_same_view_rows(base, view, rows, sv.view_rows(frame, base, view).toArrow())
     merge_rows = sv.compute_view_rows(frame, base, [view])[view.id]
-    expected_names = bulk.view_rows_schema(storage_spec(view)).names
+    expected_names = view_rows_schema(storage_spec(view)).names
     assert merge_rows.column_names == expected_names
     names = expected_names[:-1]
     stored = [dict(r, ts=r["view_ts"]) for r in write_path_view_rows(base, view, rows)]
@@ -296,7 +297,7 @@ def test_empty_base_gives_empty_tables_of_the_layout(spark):
     computed = sv.compute_view_rows(frame, base, [full, filtered])
     for view in (full, filtered):
         assert computed[view.id].num_rows == 0
-        assert computed[view.id].column_names == bulk.view_rows_schema(storage_spec(view)).names
+        assert computed[view.id].column_names == view_rows_schema(storage_spec(view)).names
 
 
 def test_nan_and_signed_zero_follow_python_matches(spark):

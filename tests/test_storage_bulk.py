@@ -9,11 +9,11 @@ import uuid
 
 import pyarrow as pa
 import pytest
-import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage import bulk
+from storage.arrow_layouts import mutation_table, storage_schema, view_rows_schema
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, same_key, state_equal
 from storage.store import NodeStore, ts_column_name, value_column_name
 
@@ -109,25 +109,12 @@ def stored_rows(draw) -> Row:
     return Row(token_for(partition), (partition, *draw(CLUSTERINGS)), marker, tomb, cells)
 
 
-def test_storage_schema_follows_the_spec():
-    spec = TableSpec(uuid.uuid4().hex, KEYS[0], KEYS[1], REGULAR)
-    schema = bulk.storage_schema(spec)
-    assert schema.names == ["token", "c_p", "c_k", "c_n", "c_i", "ts_i", "c_big", "ts_big", "c_t", "ts_t",
-                            "c_flag", "ts_flag", "c_d", "ts_d", "c_at", "ts_at",
-                            "marker_ts", "tomb_ts", "view_ts", "write_ts", "tombstone"]
-    types = {name: schema.field(name).type for name in schema.names}
-    assert (types["c_n"], types["c_i"], types["c_big"], types["c_at"]) == (pa.int32(), pa.int32(), pa.int64(), pa.int64())
-    assert (types["c_t"], types["c_flag"], types["c_d"], types["tombstone"]) == (pa.string(), pa.bool_(), pa.float64(), pa.bool_())
-    assert bulk.view_rows_schema(spec).names == ["token", "c_p", "c_k", "c_n", "c_i", "c_big", "c_t", "c_flag", "c_d",
-                                                 "c_at", "ts"]
-
-
 def test_an_empty_range_and_a_missing_table_give_typed_empty_tables(store):
     spec = new_table(store)
     store.apply(spec.table_id, [Row(5, ("a", 1.0, 1), marker_ts=1)])
     for table in (bulk.read_token_range(store, spec, 6, 100),
                   bulk.read_token_range(store, TableSpec(uuid.uuid4().hex, KEYS[0], KEYS[1], REGULAR), MIN_TOKEN, MAX_TOKEN)):
-        assert table.num_rows == 0 and table.schema == bulk.storage_schema(spec)
+        assert table.num_rows == 0 and table.schema == storage_schema(spec)
     assert bulk.count_in_range(store, spec, 6, 100) == 0
     assert bulk.count_in_range(store, spec, 5, 5) == 1
 
@@ -142,7 +129,7 @@ def test_read_returns_exactly_the_rows_of_the_range_in_the_storage_layout(store,
             store.apply(spec.table_id, [row])
         expected = store.scan(spec.table_id, *bounds, include_tombstones=include_tombstones)
         table = bulk.read_token_range(store, spec, *bounds, include_tombstones=include_tombstones)
-        assert table.schema == bulk.storage_schema(spec)
+        assert table.schema == storage_schema(spec)
         assert [canonical_row(r) for r in table.to_pylist()] == [canonical_row(layout_of(spec, r)) for r in expected]
         assert bulk.count_in_range(store, spec, *bounds, include_tombstones=include_tombstones) == len(expected)
     finally:
@@ -156,7 +143,7 @@ def test_null_heavy_columns_and_nan_keep_their_types_across_batches(store):
                                                              "flag": Cell(False, 2), "i": Cell(INT32[0], 2)})]
     store.apply(spec.table_id, rows)
     table = bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN, batch_rows=3)
-    assert table.schema == bulk.storage_schema(spec)
+    assert table.schema == storage_schema(spec)
     last = table.to_pylist()[-1]
     assert (last["c_t"], last["c_flag"], last["c_i"]) == ("late", False, INT32[0])
     assert math.isnan(last["c_d"]) and math.isnan(last["c_k"])
@@ -207,41 +194,6 @@ def test_reads_and_merges_leave_the_stores_own_connections_intact(store):
         assert store.has_table(spec.table_id) and store.has_table(view.table_id)
 
 
-def test_a_dead_child_process_is_replaced(tmp_path):
-    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
-        spec = new_table(store)
-        store.apply(spec.table_id, [Row(1, ("a", 1.0, 1), marker_ts=1)])
-        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-        for child in list(bulk._SQLITE_CHILDREN._idle):
-            child._process.kill()
-            child._process.wait()
-        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-        bulk.shutdown()
-        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-
-
-def test_prestarted_children_serve_the_first_calls_and_a_dead_one_is_replaced(tmp_path):
-    """A node starts its data plane's children at start: the first reads find them idle, none is started then."""
-    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
-        spec = new_table(store)
-        store.apply(spec.table_id, [Row(1, ("a", 1.0, 1), marker_ts=1)])
-        bulk.shutdown()
-        try:
-            bulk.prestart_children(store, 3)
-            prestarted = list(bulk._SQLITE_CHILDREN._idle)
-            assert len(prestarted) == 3 and all(child.alive() for child in prestarted)
-            prestarted[0]._process.kill()
-            prestarted[0]._process.wait()
-            bulk.prestart_children(store, 3)
-            ready = list(bulk._SQLITE_CHILDREN._idle)
-            assert len(ready) == 3 and prestarted[0] not in ready
-            assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-            assert set(bulk._SQLITE_CHILDREN._idle) == set(ready)  # the read used an idle child, started none
-        finally:
-            bulk.shutdown()
-            bulk._SQLITE_CHILDREN._keep_idle = bulk.SQLITE_IDLE_CHILDREN
-
-
 # --- merging ------------------------------------------------------------------------------------------
 
 
@@ -252,7 +204,7 @@ def view_row(partition: str, clustering: tuple, ts: int, **values) -> dict:
 
 
 def view_rows(spec: TableSpec, rows: list[dict]) -> pa.Table:
-    schema = bulk.view_rows_schema(spec)
+    schema = view_rows_schema(spec)
     return pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
 
 
@@ -324,6 +276,35 @@ def test_merge_equals_applying_the_view_updates_through_the_store(store, operati
     finally:
         store.drop_table(merged.table_id)
         store.drop_table(applied.table_id)
+
+
+WRITES = st.lists(
+    st.one_of(st.tuples(st.just("deletes"), st.lists(live_rows().filter(lambda r: isinstance(r, tuple)), min_size=1,
+                                                     max_size=3)),
+              st.tuples(st.just("writes"), st.lists(merge_rows(), min_size=1, max_size=8))),
+    min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=WRITES)
+def test_both_statement_shapes_share_the_last_write_wins_rule(store, batches):
+    """The same writes, with colliding timestamps, through the upsert of mutations (`apply_columns`) and through the
+    merge of view rows leave the same table and count the same changes; row deletions in between."""
+    by_mutations, by_view_rows = new_table(store), new_table(store)
+    try:
+        for kind, rows in batches:
+            if kind == "deletes":
+                deletes = [live_row(by_mutations, r) for r in rows]
+                assert store.apply(by_mutations.table_id, deletes).changed == \
+                    store.apply(by_view_rows.table_id, deletes).changed
+                continue
+            mutations = mutation_table(by_mutations, [as_upsert(by_mutations, r) for r in rows])
+            assert store.apply_columns(by_mutations.table_id, mutations).changed == \
+                bulk.merge_view_rows(store, by_view_rows, view_rows(by_view_rows, rows))
+            assert_same_tables(store, by_view_rows, by_mutations)
+    finally:
+        store.drop_table(by_mutations.table_id)
+        store.drop_table(by_view_rows.table_id)
 
 
 def test_tie_rules_match_storage_cells(store):
@@ -409,16 +390,6 @@ def test_rows_of_one_key_in_one_chunk_apply_in_input_order(store):
     expected = apply_one_by_one(store, applied, [as_upsert(applied, r) for r in rows])
     assert bulk.merge_view_rows(store, merged, view_rows(merged, rows)) == expected == 4
     assert_same_tables(store, merged, applied)
-
-
-def test_an_error_in_a_child_process_reaches_the_caller_and_the_child_stays_usable(tmp_path):
-    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
-        spec = new_table(store)
-        store.apply(spec.table_id, [Row(1, ("a", 1.0, 1), marker_ts=1)])
-        backend = bulk._backend(store)
-        with pytest.raises(Exception, match="no_such_table"):
-            bulk._SQLITE_CHILDREN.run("read", backend, "SELECT * FROM no_such_table", (), 10)
-        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
 
 
 def test_live_writes_during_a_merge_are_never_lost(store):

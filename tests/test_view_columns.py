@@ -11,8 +11,8 @@ from coordinator.core.schema import Column, Filter, Replica, Table, ViewDef
 from replica.rows import partition_token, storage_spec
 from replica.view_columns import columnar_views_supported, view_updates_of_states
 from replica.view_updates import WriteContext, view_updates
+from storage.arrow_layouts import rows_of_mutations, state_table
 from storage.cells import Cell, Row
-from storage.upsert import rows_of_mutations, state_table
 from tests.storage_states import state_tuple
 
 NODES = ("n1", "n2", "n3")

@@ -30,6 +30,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from common.arrow_tokens import tablets_of, tokens_of
+from storage.arrow_layouts import arrow_type
 from vbc import client
 
 DEFAULT_BATCH_ROWS = 20_000
@@ -37,8 +38,6 @@ SPILL_RANGES = 64
 DEFAULT_IN_FLIGHT = 2  # one batch applied by the cluster while the next is read, converted and sent
 CSV_BLOCK_BYTES = 4 << 20
 CSV_NULLS = ["", "NULL", "null"]
-ARROW_TYPES = {"int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
-               "text": pa.string(), "timestamp": pa.int64()}
 
 
 class LoadError(Exception):
@@ -130,7 +129,7 @@ def chunks(path: Path, fmt: str, names: list[str], batch_rows: int) -> Iterator[
 
 
 def _cast(column: pa.Array, cql_type: str) -> pa.Array:
-    target = ARROW_TYPES[cql_type]
+    target = arrow_type(cql_type)
     if cql_type == "timestamp":
         return _timestamp_millis(column)
     return column.cast(target, safe=True)

@@ -25,7 +25,7 @@ The compiler is pure (SQL text, no JVM): `compile_view` gives a view's condition
 the *prepared* base row (`prepared_base_columns`: the visible value of base column ``x`` as ``b_x``,
 ``__live``, ``__ts``). A DataFrame is then three ``selectExpr``/``where`` calls, whatever the number of views
 (building the same plan from Column objects costs ~1,000 py4j calls, ~0.5 s, per view). Two output
-layouts, both with the Arrow types of `storage.bulk` (int -> INT, bigint/timestamp -> BIGINT, double,
+layouts, both with the Arrow types of `storage.arrow_layouts` (int -> INT, bigint/timestamp -> BIGINT, double,
 boolean, text -> STRING):
 
 - `STORAGE`: the view table's SQL columns in table order: ``token``, ``c_<k>`` per key column,
@@ -60,11 +60,11 @@ if TYPE_CHECKING:
 
 STORAGE = "storage"
 MERGE = "merge"
-TS = "ts"  # the MERGE layout's upsert timestamp (storage.bulk.TS)
+TS = "ts"  # the MERGE layout's upsert timestamp (storage.arrow_layouts.TS)
 LIVE = "__live"  # prepared base row: whether the row is live
 ROW_TS = "__ts"  # prepared base row: the timestamp of its view rows
 
-# CQL type -> the Spark type of a stored value (the Arrow types of storage.bulk).
+# CQL type -> the Spark type of a stored value (the Arrow types of storage.arrow_layouts).
 SPARK_TYPES = {"int": "INT", "bigint": "BIGINT", "timestamp": "BIGINT", "double": "DOUBLE",
                "boolean": "BOOLEAN", "text": "STRING"}
 _COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")

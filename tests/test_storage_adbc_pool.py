@@ -1,0 +1,73 @@
+"""The child processes of storage.adbc_pool running storage.bulk's ADBC SQLite work: reuse, replacement, errors."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from storage import bulk
+from storage.adbc_pool import ChildPool
+from storage.cells import ColumnSpec, Row, TableSpec
+from storage.store import NodeStore
+
+MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
+
+
+def one_row_table(store: NodeStore) -> TableSpec:
+    spec = TableSpec(uuid.uuid4().hex, (ColumnSpec("p", "text"),), (ColumnSpec("n", "int"),))
+    store.ensure_table(spec)
+    store.apply(spec.table_id, [Row(1, ("a", 1), marker_ts=1)])
+    return spec
+
+
+def test_a_dead_child_process_is_replaced(tmp_path):
+    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
+        spec = one_row_table(store)
+        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+        for child in list(bulk._SQLITE_CHILDREN._idle):
+            child._process.kill()
+            child._process.wait()
+        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+        bulk.shutdown()
+        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+
+
+def test_prestarted_children_serve_the_first_calls_and_a_dead_one_is_replaced(tmp_path):
+    """A node starts its data plane's children at start: the first reads find them idle, none is started then."""
+    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
+        spec = one_row_table(store)
+        bulk.shutdown()
+        try:
+            bulk.prestart_children(store, 3)
+            prestarted = list(bulk._SQLITE_CHILDREN._idle)
+            assert len(prestarted) == 3 and all(child.alive() for child in prestarted)
+            prestarted[0]._process.kill()
+            prestarted[0]._process.wait()
+            bulk.prestart_children(store, 3)
+            ready = list(bulk._SQLITE_CHILDREN._idle)
+            assert len(ready) == 3 and prestarted[0] not in ready
+            assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+            assert set(bulk._SQLITE_CHILDREN._idle) == set(ready)  # the read used an idle child, started none
+        finally:
+            bulk.shutdown()
+            bulk._SQLITE_CHILDREN._keep_idle = bulk.SQLITE_IDLE_CHILDREN
+
+
+def test_an_error_in_a_child_process_reaches_the_caller_and_the_child_stays_usable(tmp_path):
+    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
+        spec = one_row_table(store)
+        backend = bulk._backend(store)
+        with pytest.raises(Exception, match="no_such_table"):
+            bulk._SQLITE_CHILDREN.run("read", backend, "SELECT * FROM no_such_table", (), 10)
+        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+
+
+def test_a_pool_answers_only_the_calls_its_served_module_names():
+    pool = ChildPool(1, "storage.bulk")
+    try:
+        with pytest.raises(KeyError, match="no_such_call"):
+            pool.run("no_such_call")
+        assert sorted(bulk.CHILD_FUNCTIONS) == ["merge", "read"]
+    finally:
+        pool.shutdown()
