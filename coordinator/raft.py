@@ -216,6 +216,7 @@ class Group0:
         self._closed = threading.Event()
         self._pending: set[_Attempt] = set()
         self._pending_lock = threading.Lock()
+        self._leader_term: int | None = None  # the term this node became leader in, until its state changes again
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -227,7 +228,7 @@ class Group0:
                 logger.warning("group0 started from thread %s: it stops ticking when that thread exits",
                                threading.current_thread().name)
             self._data_dir.mkdir(parents=True, exist_ok=True)
-            self._conf.onStateChanged = self._log_state_change
+            self._conf.onStateChanged = self._state_changed
             self._syncobj = SyncObj(self._raft_addr, list(self._peers.values()), conf=self._conf,
                                     consumers=[self._state])
         self._wait_bound()
@@ -251,7 +252,9 @@ class Group0:
         if syncobj is not None:
             syncobj.destroy_synchronous()
 
-    def _log_state_change(self, old_state: int, new_state: int) -> None:
+    def _state_changed(self, old_state: int, new_state: int) -> None:
+        """pysyncobj's callback, on its tick thread once the state (and before it the term) changed."""
+        self._leader_term = self.term if _RAFT_STATE_NAMES.get(new_state) == "leader" else None
         logger.info("group0 %s: %s -> %s in term %d", self._node_id, _RAFT_STATE_NAMES.get(old_state),
                     _RAFT_STATE_NAMES.get(new_state), self.term)
 
@@ -356,14 +359,15 @@ class Group0:
         return self._syncobj is not None and self._syncobj._isLeader()
 
     def leadership(self) -> tuple[bool, int]:
-        """Whether this node leads, and the Raft term, as one consistent pair: the leader flag is read between two
-        reads of the term that agree (the term only grows), so a node that steps down and learns a newer term
-        meanwhile never reports leading the newer one."""
+        """Whether this node leads, and the Raft term, as one consistent pair: leading means leading in that very
+        term. The term a node became leader in is recorded by the state-change callback; pysyncobj sets a newer
+        term before it steps a leader down, so in between the recorded term is older and the pair says "not
+        leading" (never "leading" the newer term). Read between two reads of the term that agree."""
         while True:
             term = self.term
-            leader = self.is_leader
+            leader_term = self._leader_term
             if self.term == term:
-                return leader, term
+                return leader_term == term and self.is_leader, term
 
     def status(self) -> dict:
         status = {"node_id": self._node_id, "raft_addr": self._raft_addr, "started": self._syncobj is not None,

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any, Protocol, TypeVar
 
 from common.injection import InjectedFailure, Injections
@@ -31,7 +31,7 @@ T = TypeVar("T")
 PAUSE_POINT = "coordinator_pause_main_loop"
 ERROR_RETRY = 0.5  # after an unexpected error in a round (group0 unavailable, say)
 PROPOSE_TIMEOUT = 5.0
-PASSES_PER_ROUND = 8  # handle() calls per round while proposals keep succeeding
+PASSES_PER_ROUND = 8  # handle() calls per round while proposals come back; the rest waits for the next round
 
 
 class Group0Client(Protocol):
@@ -69,6 +69,7 @@ class ViewBuildingLoop:
         self._answers: list[core.Event] = []
         self._thread: threading.Thread | None = None
         self._rounds_done = 0
+        self._pause_hit = False
         self._published: tuple[frozenset[Replica], frozenset[str]] = (frozenset(), frozenset())
 
     def start(self) -> None:
@@ -147,13 +148,16 @@ class ViewBuildingLoop:
         pause_point = self._injections.points().get(PAUSE_POINT)
         paused = pause_point is not None and pause_point.enabled
         events: list[core.Event] = [core.LeadershipChanged(*self._leadership()), *answers]
-        wake_at = self._clock()
+        wake_at, self._pause_hit = self._clock(), False
         for _ in range(PASSES_PER_ROUND):
             index, tick = self._applied_index(), core.Tick(self._clock(), paused)
             instructions = self._group0.read(lambda s: self._core.handle(s, tick, core.Applied(index), *events))
             events, wake_at = self._carry_out(instructions)
             if not events:
                 break
+        else:
+            with self._cond:  # outcomes of this round's last proposals: the next round takes them first
+                self._answers[:0] = events
         self._publish_counters()
         return wake_at
 
@@ -169,7 +173,8 @@ class ViewBuildingLoop:
                                                   self._propose(instruction.command)))
             elif isinstance(instruction, core.Log):
                 getattr(self._log, instruction.level)("%s", instruction.message)
-            elif isinstance(instruction, core.DispatchPaused):
+            elif isinstance(instruction, core.DispatchPaused) and not self._pause_hit:
+                self._pause_hit = True  # once a round
                 self._hit_pause_point()
             else:
                 wake_at = instruction.time
@@ -185,7 +190,7 @@ class ViewBuildingLoop:
         future.add_done_callback(lambda f: self._answered(send.epoch, batch, f))
 
     def _answered(self, epoch: int, batch: Batch, future: Future) -> None:
-        error = future.exception()
+        error = CancelledError("the call was cancelled") if future.cancelled() else future.exception()
         event = (core.BatchAnswered(epoch, batch, future.result()) if error is None else
                  core.BatchFailed(epoch, batch, str(error), self._rng.random()))
         with self._cond:

@@ -19,7 +19,7 @@ from coordinator.core.commands import (
     DropView,
     WhereTerm,
 )
-from coordinator.core.errors import InvalidArgument, error_from_code
+from coordinator.core.errors import InvalidArgument
 
 from . import ast
 from .catalog import Group0Client, keyspace_of
@@ -64,7 +64,7 @@ class SchemaStatements:
         self._injections.hit("ddl.before_propose")
         outcome = self._group0.propose(command, timeout=DDL_TIMEOUT)
         if not outcome.ok:
-            raise error_from_code(outcome.error_code, outcome.error_message)
+            raise outcome.error
         return outcome.value
 
     def _create_keyspace(self, s: ast.CreateKeyspace) -> Result:

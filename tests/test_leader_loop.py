@@ -161,7 +161,7 @@ def test_failing_replicas_back_off_and_their_warnings_are_rate_limited_by_the_ev
     assert driver.loop.counters.batch_failures == 12
 
 
-def test_a_stale_term_refusal_deposes_the_loop_until_the_term_changes():
+def test_a_newer_loop_term_in_group0_deposes_the_loop_until_the_term_changes():
     driver = Driver(cluster())
     sends = driver.sends(driver.handle())
     assert driver.state.apply(SetProcessingBase(term=2, base_id=TABLE, cmd_id="newer")).ok
@@ -184,6 +184,17 @@ def test_a_refused_command_is_read_by_its_type_not_its_message():
     (command,) = other.loop.proposing
     out = other.loop.handle(other.state, ProposalDone(other.loop.epoch, command, Unavailable("stale term 1")))
     assert not other.loop.deposed and any(isinstance(i, Log) and i.level == "warning" for i in out)
+
+
+def test_a_refused_command_holds_proposals_back_for_a_while_instead_of_proposing_again_at_once():
+    driver = Driver(cluster())
+    driver.handle(apply=False)
+    (command,) = driver.loop.proposing
+    out = driver.loop.handle(driver.state, ProposalDone(driver.loop.epoch, command, Unavailable("no quorum")))
+    assert not any(isinstance(i, ProposeCommand) for i in out) and not driver.loop.proposing
+    assert [i.time for i in out if isinstance(i, WakeAt)] == [driver.now + CONFIG.leader_recheck]
+    driver.now += CONFIG.leader_recheck
+    assert driver.sends(driver.handle()), "proposed again once the hold is over, then the batches follow"
 
 
 def test_losing_leadership_forgets_every_call_and_finished_id():

@@ -183,7 +183,7 @@ def test_a_deposed_loop_plans_nothing():
     state = cluster()
     add_view(state, 1)
     claim(state, term=4)
-    assert dispatch(state, term=3) == Plan(deposed=True)
+    assert dispatch(state, term=3) == Plan()
     assert plan_flush(state, 3, frozenset(state.tasks)) is None
 
 

@@ -150,6 +150,38 @@ def test_one_leader_is_elected_and_known_by_node_id(cluster):
     assert set(status["peers"]) == set(cluster.ids) - {status["node_id"]}
 
 
+def test_leadership_is_the_leader_flag_and_the_term_as_one_pair(cluster):
+    leader = cluster.wait_for_leader()
+    assert leader.leadership() == (True, leader.term)
+    follower = cluster.follower()
+    assert follower.leadership() == (False, follower.term)
+
+
+class SteppingDown:
+    """pysyncobj's fields as a leader of `term` sees them while it steps down: the newer term is set first, the
+    state (and its callback) follows."""
+
+    def __init__(self, term: int):
+        self.raftCurrentTerm = term
+        self.leading = True
+
+    def _isLeader(self) -> bool:
+        return self.leading
+
+
+def test_a_leader_that_learned_a_newer_term_is_not_reported_leading_it(tmp_path):
+    group0 = Group0(node_id="n1", raft_addr="127.0.0.1:1", peers={"n2": "127.0.0.1:2"}, data_dir=tmp_path,
+                    state_machine=KeyValue(), password=PASSWORD)
+    raft = group0._syncobj = SteppingDown(term=4)
+    group0._state_changed(1, 2)  # became leader in term 4
+    assert group0.leadership() == (True, 4)
+    raft.raftCurrentTerm = 5  # a newer term heard, the state not yet changed
+    assert group0.leadership() == (False, 5)
+    raft.leading = False
+    group0._state_changed(2, 0)
+    assert group0.leadership() == (False, 5)
+
+
 def test_proposals_from_leader_and_follower_apply_on_every_member(cluster):
     leader = cluster.wait_for_leader()
     follower = cluster.follower()

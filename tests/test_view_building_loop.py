@@ -23,7 +23,7 @@ from coordinator.core.commands import (
 )
 from coordinator.core.errors import Unavailable
 from coordinator.core.planner import Backoff
-from coordinator.core.schema import BUILD_STARTED, BUILD_SUCCESS, Replica
+from coordinator.core.schema import BUILD_STARTED, BUILD_SUCCESS, Outcome, Replica
 from coordinator.core.leader_loop import BatchReply, LoopConfig
 from coordinator.view_building import PAUSE_POINT, ViewBuildingLoop
 
@@ -132,9 +132,9 @@ class ListHandler(logging.Handler):
         self.records.append(record)
 
 
-def build_cluster() -> LeaderGroup0:
+def build_cluster(group0: LeaderGroup0 | None = None) -> LeaderGroup0:
     """2 nodes × 2 shards, rf 2, 4 tablets, one table with two views (16 build_range tasks), via typed commands."""
-    group0 = LeaderGroup0()
+    group0 = group0 if group0 is not None else LeaderGroup0()
     for n in (1, 2):
         group0.propose(RegisterNode(node_id=f"n{n}", grpc="g", raft="r", shards=2, cmd_id=None))
     group0.propose(CreateKeyspace(name="ks", rf=2, initial_tablets=4, cmd_id=None))
@@ -321,3 +321,28 @@ def test_a_deposed_loop_that_still_believes_it_leads_stops_at_the_stale_term(har
     assert len(workers.calls) == 4  # dispatched nothing more
     assert old.loop.pending() == frozenset() and not old.loop.in_flight()
     assert group0.read(lambda s: len(s.tasks)) == 16
+
+
+class RefusingGroup0(LeaderGroup0):
+    """Refuses the first `refusals` SetProcessingBase proposals as UNAVAILABLE (no quorum, say)."""
+
+    def __init__(self, refusals: int):
+        super().__init__()
+        self.refusals = refusals
+
+    def propose(self, command, timeout: float = 10.0):
+        if isinstance(command, SetProcessingBase) and self.refusals > 0:
+            self.refusals -= 1
+            with self.changed:
+                self.proposals.append((threading.current_thread().name, command))
+            return Outcome(error_code="UNAVAILABLE", error_message="no quorum", error_kind="Unavailable")
+        return super().propose(command, timeout)
+
+
+def test_refused_commands_are_proposed_again_later_and_the_build_goes_on(harnesses):
+    group0 = build_cluster(RefusingGroup0(refusals=20))
+    h = start(harnesses, group0, FakeWorkers())
+    assert group0.wait_for(built), "a refused claim must not stall the loop"
+    claims = group0.commands_of(SetProcessingBase)
+    assert len(claims) >= 21 and group0.refusals == 0
+    assert h.loop.wait_rounds(2)

@@ -114,7 +114,7 @@ def test_a_batch_runs_once_for_repeated_calls_and_is_recorded_before_the_answer(
     assert executor.counters.tasks_finished == 2
 
 
-def test_the_term_fence_is_checked_under_the_lock_against_the_nodes_raft_term(worker):
+def test_the_executor_fences_each_call_by_the_nodes_raft_term_read_at_the_call(worker):
     executor, tasks, _, jobs = worker
     terms = iter([3, 3])
     fenced = WorkerExecutor("n1", MemoryLedger(), lambda: dict(tasks), jobs, raft_term=lambda: next(terms))

@@ -73,7 +73,7 @@ class WorkerExecutor:
         self._run_batch = run_batch
         self._book = WorkerTasks(node_id, ledger.all())
         self._lock = threading.Lock()
-        self._answers: dict[Future, Future] = {}  # the calls waiting for an answer, each its own key
+        self._answers: set[Future] = set()  # the calls waiting for an answer
         self._controls: dict[int, BatchControl] = {}
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="view-build")
         self.counters = WorkerCounters()
@@ -87,14 +87,14 @@ class WorkerExecutor:
             raise Unavailable(f"the batch of {', '.join(task_ids)} is still running; call again to wait for it") from None
         finally:
             with self._lock:
-                self._answers.pop(answer, None)
+                self._answers.discard(answer)
 
     def submit(self, term: int, shard: int, task_ids: list[str]) -> Future:
         """Take one call under the lock (the term fence, then answer, attach or start): a future of its Answer.
         Refusals raise a CoreError."""
         answer = Future()
         with self._lock:
-            self._answers[answer] = answer
+            self._answers.add(answer)
             try:
                 instructions = self._book.work(answer, term, shard, task_ids, self._read_tasks(),
                                                raft_term=self._raft_term())
@@ -102,7 +102,7 @@ class WorkerExecutor:
                     self.counters.tasks_answered_from_ledger += sum(len(i.finished) for i in instructions)
                 self._carry_out(instructions)
             except BaseException:
-                self._answers.pop(answer, None)
+                self._answers.discard(answer)
                 raise
         return answer
 
@@ -126,7 +126,7 @@ class WorkerExecutor:
         with self._lock:
             for control in self._controls.values():
                 control.cancelled.set()
-            for answer in self._answers.values():
+            for answer in self._answers:
                 if not answer.done():
                     answer.set_exception(Unavailable("this node is stopping; the coordinator will send the batch "
                                                      "again once it is back"))
@@ -159,8 +159,9 @@ class WorkerExecutor:
         self.counters.tasks_finished += len(record.task_ids)
 
     def _answer(self, answer: Answer) -> None:
-        future = self._answers.pop(answer.caller, None)
-        if future is not None and not future.done():
+        future = answer.caller
+        if future in self._answers and not future.done():
+            self._answers.discard(future)
             future.set_result(answer)
 
     def _prune(self, prune: PruneLedger) -> None:

@@ -18,7 +18,8 @@ nothing), `Applied(index)`, `BatchAnswered`/`BatchFailed` (late ones, of an olde
 `ProposalDone`, `Tick(now, dispatch_paused)`.
 
 A new term, or losing leadership, forgets every call in flight (a new epoch), the finished ids not yet flushed and
-the retry schedule: the loop of the next term starts from the replicated state alone. A `StaleTerm` refusal, or a
+the retry schedule: the loop of the next term starts from the replicated state alone. A command refused for
+another reason (or not known to be committed) holds every proposal back for `leader_recheck` seconds. A `StaleTerm` refusal, or a
 state whose loop term is newer than ours, means a newer leader's loop took over: this loop stops dispatching and
 flushing until the term changes. Batches are not sent while a processing-base command is outstanding (a new term's
 first command claims the term), and a command is never proposed twice at once.
@@ -172,6 +173,7 @@ class LeaderLoop:
         self._warnings = LogLimiter()
         self._queues: tuple[tuple, planner.ReplicaQueues] | None = None  # ((index, base), replica queues then)
         self._settled_at: int | None = None  # the applied index at which a flush last found nothing to settle
+        self._proposals_held_until = 0.0  # after a refusal (not StaleTerm), no command is proposed before then
         self._out: list[Instruction] = []
 
     @property
@@ -185,7 +187,7 @@ class LeaderLoop:
         """Take `events` in order, then act on `state`; the instructions to carry out, in order."""
         self._out = []
         for event in events:
-            getattr(self, f"_handle_{_snake(type(event).__name__)}")(event)
+            self._HANDLERS[type(event)](self, event)
         if self.active:
             self._act(state)
         self._out.append(WakeAt(self._next_wakeup()))
@@ -244,6 +246,7 @@ class LeaderLoop:
         if isinstance(refusal, StaleTerm):
             self._depose()
         else:
+            self._proposals_held_until = self._now + self.config.leader_recheck
             self._warn(f"view building command {type(event.command).__name__} refused: {refusal.code} "
                        f"{refusal.message}")
 
@@ -309,7 +312,7 @@ class LeaderLoop:
         return self._queues[1]
 
     def _propose(self, command: Command) -> None:
-        if command not in self.proposing:
+        if command not in self.proposing and self._now >= self._proposals_held_until:
             self.proposing.add(command)
             self._out.append(ProposeCommand(self.epoch, command))
 
@@ -324,6 +327,7 @@ class LeaderLoop:
         self._retry = RetrySchedule(self.config.backoff)
         self._queues = None
         self._settled_at = None
+        self._proposals_held_until = 0.0
 
     def _depose(self) -> None:
         if not self.deposed:
@@ -342,7 +346,8 @@ class LeaderLoop:
         if not self.active:
             return self._now + self.config.leader_recheck
         deadlines = [self._retry.next_wakeup(self._now), self._next_flush if self.pending else None,
-                     self._now + self.config.pause_recheck if self._paused else None]
+                     self._now + self.config.pause_recheck if self._paused else None,
+                     self._proposals_held_until if self._proposals_held_until > self._now else None]
         return min((d for d in deadlines if d is not None), default=self._now + self.config.leader_recheck)
 
     def _warn(self, message: str) -> None:
@@ -366,6 +371,8 @@ class LeaderLoop:
         assert all(n >= 0 for n in self.pending.values()), "a negative row count"
         assert self._next_flush is not None or not self.pending or self.proposing, "finished ids with no flush due"
 
+    _HANDLERS = {LeadershipChanged: _handle_leadership_changed, Applied: _handle_applied, Tick: _handle_tick,
+                 BatchAnswered: _handle_batch_answered, BatchFailed: _handle_batch_failed,
+                 ProposalDone: _handle_proposal_done}
 
-def _snake(name: str) -> str:
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+

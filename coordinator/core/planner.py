@@ -1,17 +1,18 @@
 """Pure decisions of the view building leader loop: replicated state and loop events in, RPCs and commands out.
 
-In the style of dask's worker state machine: the loop (`coordinator/view_building.py`) owns the clock, the
-threads and gRPC, and asks these functions what to do; they read the group0 state and never change it.
+The leader loop's state machine (`coordinator/core/leader_loop.py`) asks these functions what to do; they read
+the group0 state and never change it.
 
-- `plan_dispatch(state, term, busy, live_nodes, finished, queues=None) -> Plan`, called whenever the loop
-  wakes (a command applied, an RPC answered or failed, a backoff ran out): send every `SendBatch` as
+- `plan_dispatch(state, term, busy, live_nodes, finished, queues=None) -> Plan`, asked whenever the loop
+  handles events (a command applied, an RPC answered or failed, a backoff ran out): send every `SendBatch` as
   `WorkOnViewBuildingTasks`, propose every command (not re-proposing one still in flight). `busy` holds
   the replicas with a call in flight *or waiting out a retry backoff* (`RetrySchedule.waiting`). `queues`
   are `replica_queues(state, state.processing_base)`: a function of the state alone, so the loop computes
   them once per applied group0 index (one pass over the task table) and reuses them while only calls finish.
-- `plan_flush(state, term, finished) -> FinishViewBuildingTasks | None`, called every ~200 ms: the one
-  command removing the finished tasks the loop holds. The loop keeps only `pending_finished(...)` of them.
-- A plan with `deposed` set means a newer leader's loop has proposed a command: stop this loop.
+- `plan_flush(state, term, finished) -> FinishViewBuildingTasks | None`, asked at most every flush interval
+  (~200 ms) while finished ids wait: the one command removing the finished tasks the loop holds. The loop
+  keeps only `pending_finished(...)` of them.
+- Both plan nothing for a loop whose term is older than group0's newest loop term (`is_deposed`).
 
 Commands come out with `cmd_id` None; the loop gives each a fresh id before proposing it.
 
@@ -57,11 +58,10 @@ class SendBatch:
 
 @dataclass(frozen=True)
 class Plan:
-    """What the loop does now: RPCs to send and group0 commands to propose (or stop, when deposed)."""
+    """What the loop does now: RPCs to send and group0 commands to propose."""
 
     batches: tuple[SendBatch, ...] = ()
     commands: tuple[Command, ...] = ()
-    deposed: bool = False
 
 
 # -------------------------------------------------------------------- dispatch and flush
@@ -71,7 +71,7 @@ def plan_dispatch(state: Group0State, term: int, busy: Set[Replica], live_nodes:
                   finished: Set[str], queues: ReplicaQueues | None = None) -> Plan:
     """The batches to send and the processing-base command to propose, for a loop of Raft `term`."""
     if is_deposed(state, term):
-        return Plan(deposed=True)
+        return Plan()
     if queues is None:
         queues = replica_queues(state, state.processing_base)
     idle = [r for r in sorted(queues) if r not in busy and r.node in live_nodes]
