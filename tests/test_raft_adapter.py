@@ -148,13 +148,8 @@ def test_one_leader_is_elected_and_known_by_node_id(cluster):
     assert status["leader_id"] == leader.node_id and status["state"] == "follower"
     assert status["term"] == leader.term
     assert set(status["peers"]) == set(cluster.ids) - {status["node_id"]}
-
-
-def test_leadership_is_the_leader_flag_and_the_term_as_one_pair(cluster):
-    leader = cluster.wait_for_leader()
-    assert leader.leadership() == (True, leader.term)
-    follower = cluster.follower()
-    assert follower.leadership() == (False, follower.term)
+    assert leader.leadership() == (True, leader.term)  # the leader flag and the term as one pair
+    assert cluster.follower().leadership() == (False, status["term"])
 
 
 class SteppingDown:
