@@ -20,9 +20,10 @@ $(STAMP): requirements.lock pyproject.toml
 test: lint check-proto
 	$(PYTHON) -m pytest -q -p no:cacheprovider
 
-# The inner loop: every test that starts no node process (pure core, adapters in-process, fakes), on both cores.
+# The inner loop: every test that starts no node process (pure core, adapters in-process, fakes). Three workers on
+# two cores: many of these tests wait (Raft elections, child processes, gRPC deadlines) as much as they compute.
 test-fast: venv
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration" -n 2
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration" -n 3
 
 # The layer order (pyproject.toml [tool.importlinter]): a lower layer importing a higher one fails.
 lint: venv

@@ -26,7 +26,7 @@ class StandingCall:
 
     gRPC Python starts a thread for a channel's asynchronous calls (`.future()`) whenever none is in flight,
     and ends it with the last one, so without a standing call every replica write paid for a thread start
-    (README, Benchmarks: what it saved). The call is opened when the
+    (docs/architecture.md, choices made for speed: what it saved). The call is opened when the
     channel becomes READY and never re-opened on its own: a peer that is down is not dialled by it, so the
     channel's reconnect backoff is driven by real calls alone, as without it. A thread reads the call's
     responses (the call cannot end while a response is unread) and ends with it; it ends the call itself when

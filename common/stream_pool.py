@@ -1,7 +1,7 @@
 """Open bidirectional gRPC calls to one server, pooled: a request and its answer as one message each way.
 
-A message on an open call costs gRPC Python about half the server CPU of a unary call (README, Benchmarks),
-and a single-row write is little else. Each stream carries one request at a time: the caller that took it
+A message on an open call costs gRPC Python about half the server CPU of a unary call (docs/architecture.md,
+choices made for speed), and a single-row write is little else. Each stream carries one request at a time: the caller that took it
 sends a request and reads its answer, then gives it back. A pool opens at most `STREAMS_PER_SERVER` streams
 (each holds a thread of the server: `common.open_calls` bounds them there too); a caller that finds them all
 busy, or the pool backing off, gets None and makes a unary call instead. A server that ends a stream without
