@@ -285,14 +285,14 @@ class LeaderLoop:
             return
         if not self.pending and self._settled_at == self._index:
             return
-        command = planner.plan_flush(state, self.term, set(self.pending), self.pending)
+        command = planner.plan_flush(state, self.term, self.pending.keys(), self.pending)
         self._settled_at = self._index if command is None and not self.pending else None
         if command is not None:
             self._propose(command)
 
     def _dispatch(self, state: Group0State) -> None:
         busy = frozenset(self.in_flight) | self._retry.waiting(self._now)
-        plan = planner.plan_dispatch(state, self.term, busy, frozenset(state.nodes), frozenset(self.pending),
+        plan = planner.plan_dispatch(state, self.term, busy, state.nodes.keys(), self.pending.keys(),
                                      self._replica_queues(state))
         for command in plan.commands:
             self._propose(command)
