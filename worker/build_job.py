@@ -66,11 +66,14 @@ class BuildStats:
     spark_jobs: int = 0
     tablet_scans: int = 0
     rows_scanned: int = 0
+    read_seconds: float = 0.0  # reading base tablet replicas into Arrow
+    spark_seconds: float = 0.0  # hand-over to Spark, the view job, hand-back
+    merge_seconds: float = 0.0  # merging view rows at their replicas
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
 
-    def add(self, **counts: int) -> None:
+    def add(self, **counts: float) -> None:
         with self._lock:
             for name, count in counts.items():
                 setattr(self, name, getattr(self, name) + count)
@@ -97,10 +100,11 @@ class BuildJob:
         self._wait_writes_before(plan.schema_version)
         started = time.perf_counter()
         rows = bulk.read_token_range(self._store, storage_spec(plan.base), plan.first_token, plan.last_token)
-        self.stats.add(tablet_scans=1, rows_scanned=rows.num_rows)
+        read = time.perf_counter() - started
+        self.stats.add(tablet_scans=1, rows_scanned=rows.num_rows, read_seconds=read)
         if rows.num_rows:
-            read = time.perf_counter() - started
             spark, merge = self._build(plan, rows, control)
+            self.stats.add(spark_seconds=spark, merge_seconds=merge)
             log.info("batch %d: %s tablet %d, %d rows for %d view(s): read %.2fs, spark %.2fs, merge %.2fs",
                      start.batch_id, plan.base.qualified_name, start.tasks[0].tablet_id, rows.num_rows,
                      len(plan.views), read, spark, merge)
