@@ -6,6 +6,7 @@ import logging
 import math
 import random
 import struct
+import threading
 from collections import Counter
 
 import pyarrow as pa
@@ -450,3 +451,19 @@ def test_staged_frame_reads_back_every_value_and_removes_its_file(node_spark):
                 assert math.isnan(value)
             else:
                 assert value == want and (not isinstance(want, float) or math.copysign(1, value) == math.copysign(1, want))
+
+
+def test_the_warm_up_job_computes_its_views_like_a_batch(node_spark):
+    from worker import spark_warmup
+
+    rows = spark_warmup.warmup_rows()
+    computed = spark_warmup.run_view_job(node_spark, rows)
+    by_name, flag_idx = spark_warmup.VIEWS
+    records = rows.to_pylist()
+    assert computed[by_name.id].num_rows == sum(
+        1 for r in records if r["c_name"] is not None and r["c_amount"] is not None and r["c_amount"] > 0)
+    assert computed[flag_idx.id].num_rows == sum(1 for r in records if r["c_flag"] is not None)
+    assert len(spark_warmup.warm_up(node_spark, runs=2)) == 2
+    stopping = threading.Event()
+    stopping.set()
+    assert spark_warmup.warm_up(node_spark, stopping) == []
