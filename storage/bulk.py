@@ -504,10 +504,11 @@ def merge_view_rows(store: NodeStore, view_spec: TableSpec, rows: pa.Table, *,
     prepared = prepare_view_rows(view_spec, rows)
     prepare_chunk, merge_chunk = _chunk_merger(view_spec, _backend(store))
     changed = 0
-    for chunk in prepared.to_batches(max_chunksize=max(1, chunk_rows)):
-        payload = prepare_chunk(chunk)
-        with store.writer_lock():
-            changed += merge_chunk(payload)
+    with store.bulk_merge_turn():
+        for chunk in prepared.to_batches(max_chunksize=max(1, chunk_rows)):
+            payload = prepare_chunk(chunk)
+            with store.writer_lock():
+                changed += merge_chunk(payload)
     return changed
 
 
