@@ -68,11 +68,17 @@ WORKER_COUNTERS = {
     "tasks_answered_from_ledger": "View building task ids answered from the ledger without running them again",
     "batches_failed": "View building batches that failed (the coordinator retries them)",
 }
+WORKER_SECONDS = {  # stats key -> (metric name, documentation): seconds spent by view building batches, per phase
+    "read_s": ("read_seconds", "Seconds view building batches spent reading base tablet replicas"),
+    "spark_s": ("spark_seconds", "Seconds view building batches spent in Spark"),
+    "merge_s": ("merge_seconds", "Seconds view building batches spent merging view rows at their replicas"),
+}
+SPARK_STATES = ("off", "starting", "warming", "ready", "failed")
 
 
 class WorkerCollector(Collector):
-    """The view building worker's counters, read from `stats()` (a dict of WORKER_COUNTERS and
-    `batches_running`) when scraped."""
+    """The view building worker's counters, read from `stats()` (node.wiring's `worker_stats`: WORKER_COUNTERS,
+    WORKER_SECONDS, `batches_running`, the Spark session's state and the failing views) when scraped."""
 
     def __init__(self, stats: Callable[[], dict]):
         self._stats = stats
@@ -83,9 +89,35 @@ class WorkerCollector(Collector):
             family = CounterMetricFamily(f"vbc_worker_{name}", documentation)
             family.add_metric([], stats.get(name, 0))
             yield family
-        running = GaugeMetricFamily("vbc_worker_batches_running", "View building batches running on this node")
-        running.add_metric([], stats.get("batches_running", 0))
-        yield running
+        for key, (name, documentation) in WORKER_SECONDS.items():
+            family = CounterMetricFamily(f"vbc_worker_{name}", documentation)
+            family.add_metric([], stats.get(key, 0.0))
+            yield family
+        yield gauge("vbc_worker_batches_running", "View building batches running on this node",
+                    stats.get("batches_running", 0))
+        yield from spark_metrics(stats)
+        failing = GaugeMetricFamily("vbc_worker_view_failed_attempts",
+                                    "View building batches of a view failed in a row on this node", labels=["view_id"])
+        for failure in stats.get("failures", ()):
+            failing.add_metric([failure["view_id"]], failure["attempts"])
+        yield failing
+
+
+def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation)
+    family.add_metric([], value)
+    return family
+
+
+def spark_metrics(stats: dict):
+    """The Spark session's state (1 for the current one, 0 for the others) and the seconds its start took."""
+    state = GaugeMetricFamily("vbc_worker_spark_state", "The node's Spark session state (1: current)",
+                              labels=["state"])
+    for name in SPARK_STATES:
+        state.add_metric([name], 1 if stats.get("spark_state") == name else 0)
+    yield state
+    yield gauge("vbc_worker_spark_start_seconds", "Seconds the node's Spark session took to start and warm up",
+                stats.get("spark_start_s", 0.0))
 
 
 def serve_metrics(address: str, registry: CollectorRegistry):

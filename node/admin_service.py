@@ -61,6 +61,7 @@ class AdminService(rpc.AdminServicer):
                 pending_view_updates=local.pending_view_updates if local else 0,
                 worker=local.worker if local and local.HasField("worker") else None,
             ))
+        _add_errors(views, response.nodes)
         response.views.extend(view for _, view in views)
         return response
 
@@ -122,6 +123,16 @@ class AdminService(rpc.AdminServicer):
         points = [pb.InjectionPoint(name=n, enabled=p.enabled, mode=p.mode, one_shot=p.one_shot, hits=p.hits)
                   for n, p in sorted(injections.points().items())]
         return pb.InjectResponse(hit=hit, points=points, node=self._deps.node_id, injections_disabled=not enabled)
+
+
+def _add_errors(views: list[tuple[str, pb.ViewStatus]], nodes) -> None:
+    """Give each view the nodes whose workers report its batches failing (node order)."""
+    by_view = {view_id: view for view_id, view in views}
+    for node in nodes:
+        for failure in node.worker.failures if node.HasField("worker") else ():
+            view = by_view.get(failure.view_id)
+            if view is not None:
+                view.errors.append(pb.ViewBuildError(node=node.id, error=failure.error, attempts=failure.attempts))
 
 
 def _table_and_tablets(state, keyspace: str, name: str):

@@ -45,6 +45,7 @@ from worker.check import CheckResult, check_plan, check_view
 from worker.executor import WorkerExecutor
 from worker.service import WorkerService
 from worker.spark_session import DEFAULT_JAVA_OPTIONS, NodeSpark, SparkConfig, default_master
+from worker.spark_warmup import warm_up
 
 from .admin_service import AdminDeps, AdminService
 from .client_service import ClientService
@@ -94,6 +95,7 @@ class NodeConfig:
     spark_java_options: str = DEFAULT_JAVA_OPTIONS
     limits: Limits = field(default_factory=Limits)
     enable_injections: bool = False  # Admin.Inject may switch fault injection points on (tests, local clusters)
+    spark_prestart: bool = True  # start and warm up Spark in the background at start (else at the first batch)
 
 
 class Node:
@@ -102,7 +104,7 @@ class Node:
     def __init__(self, config: NodeConfig):
         self.config = config
         self.node_id = config.node_id
-        self.data_dir = Path(config.data_dir)
+        self.data_dir = Path(config.data_dir).expanduser().resolve()  # Spark takes file URIs: absolute paths only
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.injections = Injections()
         self.metrics = NodeMetrics()
@@ -162,6 +164,8 @@ class Node:
         self.group0.start()
         self.view_building.start()
         bulk.prestart_children(self.store, self._parallel_batches)
+        if self.config.spark_prestart:
+            self.spark.prestart(warm_up)
         if self.config.metrics_addr:
             self._start_metrics(self.config.metrics_addr)
         for target, name in ((self._join, "join"), (self._watch_schema, "schema-watch"),
@@ -384,11 +388,16 @@ class Node:
         return check_view(plan, self.endpoint.read_range, self.spark, max_examples)
 
     def worker_stats(self) -> dict:
-        build, counters = self.build_job.stats, self.worker.counters
+        """The worker's counters, its Spark session's state and its failing views (the fields of pb.WorkerStats)."""
+        build, counters, spark = self.build_job.stats, self.worker.counters, self.spark.state
         return {"spark_jobs": build.spark_jobs, "tablet_scans": build.tablet_scans, "rows_scanned": build.rows_scanned,
                 "tasks_finished": counters.tasks_finished,
                 "tasks_answered_from_ledger": counters.tasks_answered_from_ledger,
-                "batches_running": self.worker.running_batches(), "batches_failed": counters.batches_failed}
+                "batches_running": self.worker.running_batches(), "batches_failed": counters.batches_failed,
+                "spark_state": spark.state, "spark_error": spark.error, "spark_start_s": spark.start_seconds,
+                "read_s": build.read_seconds, "spark_s": build.spark_seconds, "merge_s": build.merge_seconds,
+                "failures": [{"view_id": f.view_id, "error": f.error, "attempts": f.attempts}
+                             for f in self.worker.failures()]}
 
     def wait_schema_applied(self, version: int, timeout: float) -> None:
         if not self.inflight.wait_applied(version, self.schema_version, timeout):

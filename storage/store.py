@@ -482,8 +482,19 @@ def create_engine(url: str | sa.URL, writer: bool = False) -> sa.Engine:
     return engine
 
 
+def absolute_url(url: str | sa.URL) -> sa.URL:
+    """`url` with a relative SQLite database file made absolute, so the store and its ADBC children find the
+    same file whatever their working directory; any other URL as it is."""
+    parsed = sa.make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:" or database.startswith("file:"):
+        return parsed
+    return parsed.set(database=str(Path(database).expanduser().resolve()))
+
+
 class NodeStore:
     def __init__(self, url: str | sa.URL) -> None:
+        url = absolute_url(url)
         self._engine = create_engine(url)
         self._is_postgres = self._engine.dialect.name == "postgresql"
         self._write_engine = self._engine if self._is_postgres else create_engine(url, writer=True)

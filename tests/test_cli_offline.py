@@ -91,6 +91,43 @@ def test_node_start_enables_fault_injection_only_with_the_flag(capsys, monkeypat
     assert [config.enable_injections for config in configs] == [enabled]
 
 
+@pytest.mark.parametrize("flag, prestart", [([], True), (["--spark-prestart"], True), (["--no-spark-prestart"], False)])
+def test_node_start_prestarts_spark_unless_told_not_to(capsys, monkeypatch, tmp_path, flag, prestart):
+    import node.wiring
+
+    configs = []
+    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node.wiring, "serve", configs.append)
+    assert run_cli(capsys, *NODE_START[:4], "--data-dir", str(tmp_path), *NODE_START[6:], *flag)[0] == 0
+    assert [config.spark_prestart for config in configs] == [prestart]
+
+
+def test_node_start_resolves_its_paths_against_the_working_directory(capsys, monkeypatch, tmp_path):
+    import node.wiring
+
+    configs = []
+    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node.wiring, "serve", configs.append)
+    monkeypatch.chdir(tmp_path)
+    argv = [*NODE_START[:4], "--data-dir", "rel/node", *NODE_START[6:], "--storage-url", "sqlite:///db/n1.db"]
+    assert run_cli(capsys, *argv)[0] == 0
+    (config,) = configs
+    assert config.data_dir == tmp_path.resolve() / "rel" / "node" and config.data_dir.is_dir()
+    assert config.storage_url == f"sqlite:///{tmp_path.resolve() / 'db' / 'n1.db'}"
+
+
+@pytest.mark.parametrize("url, absolute", [
+    ("sqlite:///data/{node}.db?timeout=5", "sqlite:///{cwd}/data/{node}.db?timeout=5"),
+    ("sqlite:////abs/n1.db", "sqlite:////abs/n1.db"),
+    ("sqlite://", "sqlite://"),
+    ("sqlite:///:memory:", "sqlite:///:memory:"),
+    ("postgresql+psycopg://u@h/vbc_{node}", "postgresql+psycopg://u@h/vbc_{node}"),
+])
+def test_a_relative_sqlite_storage_url_becomes_absolute(monkeypatch, tmp_path, url, absolute):
+    monkeypatch.chdir(tmp_path)
+    assert cli.storage_url(url) == absolute.replace("{cwd}", str(tmp_path.resolve()))
+
+
 def test_node_start_needs_its_addresses(capsys):
     code, _, err = run_cli(capsys, "node", "start", "--id", "n1", "--data-dir", "x")
     assert code == 2 and "--grpc" in err
@@ -197,10 +234,14 @@ def sample_status() -> pb.StatusResponse:
         leader="n1", term=3, answered_by="n2", schema_version=7,
         nodes=[pb.NodeStatus(id="n1", grpc="127.0.0.1:1", raft="127.0.0.1:2", alive=True, shards=2, schema_version=7,
                              worker=pb.WorkerStats(spark_jobs=2, tablet_scans=3, rows_scanned=1500, tasks_finished=3,
-                                                   tasks_answered_from_ledger=1, batches_running=1)),
+                                                   tasks_answered_from_ledger=1, batches_running=1, spark_state="ready",
+                                                   spark_start_s=9.5, read_s=0.25, spark_s=1.5, merge_s=0.75,
+                                                   failures=[pb.BatchFailure(view_id="v1", error="UNAVAILABLE: boom",
+                                                                             attempts=2)])),
                pb.NodeStatus(id="n2", grpc="127.0.0.1:3", raft="127.0.0.1:4", alive=False)],
         views=[pb.ViewStatus(name="ks.mv", base="ks.t", state="BUILDING", tasks_total=12, tasks_done=3, progress=0.25,
-                             hosts={"n2": "SUCCESS", "n1": "STARTED"}, rows_done=1500, rows_per_s=500.0, eta_s=9.0)],
+                             hosts={"n2": "SUCCESS", "n1": "STARTED"}, rows_done=1500, rows_per_s=500.0, eta_s=9.0,
+                             errors=[pb.ViewBuildError(node="n1", error="UNAVAILABLE: boom", attempts=2)])],
     )
 
 
@@ -211,11 +252,16 @@ def test_status_dict_has_the_documented_shape():
                                     "shards": 2, "schema_version": 7, "pending_view_updates": 0,
                                     "worker": {"spark_jobs": 2, "tablet_scans": 3, "rows_scanned": 1500,
                                                "tasks_finished": 3, "tasks_answered_from_ledger": 1,
-                                               "batches_running": 1, "batches_failed": 0}}
+                                               "batches_running": 1, "batches_failed": 0, "spark_state": "ready",
+                                               "spark_error": "", "spark_start_s": 9.5, "read_s": 0.25,
+                                               "spark_s": 1.5, "merge_s": 0.75,
+                                               "failures": [{"view_id": "v1", "error": "UNAVAILABLE: boom",
+                                                             "attempts": 2}]}}
     assert document["nodes"][1]["worker"] is None  # unreachable
     assert document["views"] == [{"name": "ks.mv", "base": "ks.t", "state": "BUILDING", "is_index": False,
                                   "tasks_total": 12, "tasks_done": 3, "progress": 0.25, "rows_done": 1500,
-                                  "rows_per_s": 500.0, "eta_s": 9.0, "hosts": {"n1": "STARTED", "n2": "SUCCESS"}}]
+                                  "rows_per_s": 500.0, "eta_s": 9.0, "hosts": {"n1": "STARTED", "n2": "SUCCESS"},
+                                  "errors": [{"node": "n1", "error": "UNAVAILABLE: boom", "attempts": 2}]}]
     json.dumps(document)
 
 
@@ -232,6 +278,18 @@ def test_status_rendering_names_nodes_and_views():
     text = console.export_text()
     assert "n1 (leader)" in text and "DOWN" in text and "ks.mv" in text and "25.0%" in text and "n2:SUCCESS" in text
     assert "1,500 rows, 500/s, ETA 9s" in text and "1 running, 3 tasks, 1,500 rows, 2 spark jobs" in text
+    assert "(read 0.2s, spark 1.5s, merge 0.8s)" in text and "ready 9.5s" in text
+    assert "ks.mv: 2 batches failed in a row on n1: UNAVAILABLE: boom" in text
+
+
+def test_status_rendering_shows_a_failed_spark_start():
+    from rich.console import Console
+
+    status = sample_status()
+    status.nodes[0].worker.spark_state, status.nodes[0].worker.spark_error = "failed", "ValueError: no java"
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console.print(cli.render_status(client.status_to_dict(status)))
+    assert "n1: spark failed: ValueError: no java" in console.export_text()
 
 
 # ------------------------------------------------------------------ ports and layout
@@ -284,6 +342,27 @@ def test_a_local_cluster_without_injections_starts_its_nodes_without_the_flag(tm
     assert cli.build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d"]).injections
     assert not cli.build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d",
                                               "--no-injections"]).injections
+
+
+def test_a_local_cluster_without_spark_prestart_records_the_flag_in_its_commands(tmp_path):
+    nodes = cluster_mod.new_cluster(tmp_path, 2, spark_prestart=False)["nodes"]
+    assert all(not cli.build_parser().parse_args(n["command"][3:]).spark_prestart for n in nodes)
+    assert all(cli.build_parser().parse_args(n["command"][3:]).spark_prestart
+               for n in cluster_mod.new_cluster(tmp_path, 2)["nodes"])
+    assert not cli.build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d",
+                                              "--no-spark-prestart"]).spark_prestart
+    cluster_mod.save_cluster(tmp_path, cluster_mod.new_cluster(tmp_path, 2, spark_prestart=False))
+    restarted = cluster_mod.reuse_cluster(tmp_path, 2, shards=1, base_port=None)
+    assert all("--no-spark-prestart" not in n["command"] for n in restarted["nodes"])
+    restarted = cluster_mod.reuse_cluster(tmp_path, 2, shards=1, base_port=None, spark_prestart=False)
+    assert all(n["command"][-1] == "--no-spark-prestart" for n in restarted["nodes"])
+
+
+def test_cluster_commands_resolve_a_relative_data_dir(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for argv in (["cluster", "up", "--nodes", "1"], ["cluster", "down"], ["cluster", "stop-node", "n1"],
+                 ["cluster", "start-node", "n1"]):
+        assert cli.build_parser().parse_args([*argv, "--data-dir", "c"]).data_dir == tmp_path.resolve() / "c"
 
 
 def test_a_restarted_local_cluster_takes_the_injections_choice_of_the_restart(tmp_path):

@@ -232,3 +232,19 @@ def test_vbc_inject_shows_the_refusal_and_lists_with_a_note(admin_nodes, capsys)
         "\nfault injection is disabled on off: start the node with --enable-injections to switch these points on\n")
     assert cli.main(["inject", "--addr", admin_nodes["on"], "--list"]) == 0
     assert "read.replica.scan" in (out := capsys.readouterr().out) and "disabled on" not in out
+
+
+def test_worker_metrics_export_the_phases_the_spark_state_and_failing_views():
+    from prometheus_client import generate_latest
+
+    metrics = NodeMetrics()
+    metrics.bind_worker(lambda: {"spark_jobs": 4, "read_s": 1.5, "spark_s": 2.5, "merge_s": 0.5,
+                                 "spark_state": "warming", "spark_start_s": 0.0, "batches_running": 1,
+                                 "failures": [{"view_id": "v1", "error": "boom", "attempts": 3}]})
+    text = generate_latest(metrics.registry).decode()
+    for line in ("vbc_worker_spark_jobs_total 4.0", "vbc_worker_read_seconds_total 1.5",
+                 "vbc_worker_spark_seconds_total 2.5", "vbc_worker_merge_seconds_total 0.5",
+                 'vbc_worker_spark_state{state="warming"} 1.0', 'vbc_worker_spark_state{state="ready"} 0.0',
+                 "vbc_worker_spark_start_seconds 0.0", "vbc_worker_batches_running 1.0",
+                 'vbc_worker_view_failed_attempts{view_id="v1"} 3.0'):
+        assert line in text.splitlines(), line

@@ -614,3 +614,18 @@ def test_a_checkpoint_waits_for_min_writes_write_transactions_since_the_last(sto
     done = store.checkpoint(min_writes=3)
     assert done is not None and done.checkpointed == done.wal_frames > 0
     assert store.checkpoint(min_writes=1) is None  # nothing written since
+
+
+def test_a_relative_sqlite_path_is_made_absolute_so_it_does_not_follow_the_working_directory(tmp_path, monkeypatch):
+    from storage.store import absolute_url
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rel").mkdir()
+    store = NodeStore("sqlite:///rel/storage.db")
+    try:
+        assert store.url.database == str(tmp_path.resolve() / "rel" / "storage.db")
+    finally:
+        store.close()
+    assert absolute_url("sqlite://").database is None
+    assert absolute_url("sqlite:///:memory:").database == ":memory:"
+    assert absolute_url("postgresql+psycopg://u@h/db").database == "db"

@@ -8,7 +8,7 @@ import pytest
 
 from coordinator.core.errors import StaleTerm, Unavailable
 from coordinator.core.schema import TASK_BUILD_RANGE, Replica, Task
-from worker.executor import BatchCancelled, WorkerExecutor
+from worker.executor import BatchCancelled, BatchFailure, WorkerExecutor
 from worker.tasks import Answer
 
 BASE = "b" * 32
@@ -191,3 +191,46 @@ def test_a_ledger_that_cannot_be_written_fails_the_batch_and_frees_the_shard(wor
     thread.join(WAIT)
     assert "disk full" in (result.get("answer").error or "")
     assert executor.running_batches() == 0 and executor.counters.batches_failed == 1
+
+
+def run_failing(executor, jobs, task_ids, error):
+    """One call whose batch fails with `error`; returns once it is answered."""
+    started = len(jobs.started) + 1
+    thread, result = call(executor, 1, 0, task_ids)
+    jobs.wait_started(started)
+    jobs.finish(jobs.started[-1][0].batch_id, error=error)
+    thread.join(WAIT)
+    return result["answer"]
+
+
+def test_failed_batches_are_counted_per_view_until_one_of_the_view_succeeds(worker):
+    executor, _, _, jobs = worker
+    assert executor.failures() == []
+    run_failing(executor, jobs, ["a", "b"], Unavailable("view replica n2 is down"))
+    run_failing(executor, jobs, ["a"], OSError("disk full"))
+    assert executor.failures() == [BatchFailure("v1", "OSError: disk full", 2),
+                                   BatchFailure("v2", "view replica n2 is down", 1)]
+    thread, result = call(executor, 1, 0, ["a"])
+    jobs.wait_started(3)
+    jobs.finish(jobs.started[-1][0].batch_id)
+    thread.join(WAIT)
+    assert result["answer"].finished == ("a",)
+    assert executor.failures() == [BatchFailure("v2", "view replica n2 is down", 1)]
+
+
+def test_a_batch_the_ledger_refused_counts_as_a_failure_of_its_views(worker):
+    executor, _, ledger, jobs = worker
+    ledger.record = lambda ids, rows=(): (_ for _ in ()).throw(OSError("disk full"))
+    thread, _ = call(executor, 1, 0, ["a"])
+    jobs.wait_started(1)
+    jobs.finish(jobs.started[0][0].batch_id)
+    thread.join(WAIT)
+    assert executor.failures() == [BatchFailure("v1", "the finished-task ledger failed: disk full", 1)]
+
+
+def test_pruning_forgets_the_failures_of_views_without_tasks(worker):
+    executor, tasks, _, jobs = worker
+    run_failing(executor, jobs, ["a", "b"], Unavailable("view replica n2 is down"))
+    del tasks["b"]
+    executor.prune()
+    assert [failure.view_id for failure in executor.failures()] == ["v1"]

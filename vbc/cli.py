@@ -97,6 +97,20 @@ def parse_peers(text: str) -> dict[str, tuple[str, str]]:
     return peers
 
 
+def absolute_path(text: str) -> Path:
+    """argparse type for a directory or file: made absolute now, so it means the same from any working directory."""
+    return Path(text).expanduser().resolve()
+
+
+def storage_url(text: str) -> str:
+    """argparse type for --storage-url: a SQLite database file given by a relative path is made absolute."""
+    scheme, sep, rest = text.partition(":///")
+    if not sep or scheme.split("+")[0] != "sqlite" or not rest or rest.startswith(("/", ":memory:", "file:")):
+        return text
+    path, query_sep, query = rest.partition("?")
+    return f"{scheme}:///{absolute_path(path)}{query_sep}{query}"
+
+
 def table_name(text: str) -> str:
     keyspace, dot, name = text.partition(".")
     if not dot or not keyspace or not name:
@@ -121,12 +135,12 @@ def add_node_parser(commands) -> None:
     node_commands = node.add_subparsers(dest="node_command", metavar="COMMAND", required=True)
     start = node_commands.add_parser("start", help="run one node in the foreground until SIGTERM/SIGINT")
     start.add_argument("--id", required=True, help="node id, e.g. n1")
-    start.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    start.add_argument("--data-dir", required=True, type=absolute_path, metavar="DIR")
     start.add_argument("--grpc", required=True, type=host_port, metavar="HOST:PORT", help="client/admin gRPC address")
     start.add_argument("--raft", required=True, type=host_port, metavar="HOST:PORT", help="Raft address")
     start.add_argument("--peers", type=parse_peers, default={}, metavar="ID=GRPC/RAFT,...", help="the other nodes")
     start.add_argument("--shards", type=positive_int, default=1, metavar="N")
-    start.add_argument("--storage-url", metavar="URL",
+    start.add_argument("--storage-url", type=storage_url, metavar="URL",
                        help="SQLAlchemy URL of this node's storage (default: SQLite in DATA_DIR/storage.db)")
     start.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics over HTTP on this address")
     start.add_argument("--spark-master", metavar="URL",
@@ -145,6 +159,10 @@ def add_node_parser(commands) -> None:
     start.add_argument("--enable-injections", action="store_true",
                        help="let `vbc inject` (Admin.Inject) switch fault injection points on: for tests and local "
                             "clusters only, as any host that reaches the gRPC port can then stall or fail the node")
+    start.add_argument("--spark-prestart", action=argparse.BooleanOptionalAction, default=True,
+                       help="start the Spark session and warm it up in the background when the node starts (default); "
+                            "--no-spark-prestart starts it at the first view building batch, so the node holds no JVM "
+                            "until it builds")
     start.set_defaults(handler=cmd_node_start, parser=start)
 
 
@@ -154,32 +172,34 @@ def add_cluster_parser(commands) -> None:
 
     up = cluster_commands.add_parser("up", help="start N node processes on 127.0.0.1")
     up.add_argument("--nodes", type=positive_int, required=True, metavar="N")
-    up.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    up.add_argument("--data-dir", required=True, type=absolute_path, metavar="DIR")
     up.add_argument("--shards", type=positive_int, default=1, metavar="S")
     up.add_argument("--base-port", type=positive_int, metavar="P", help="grpc = P+2(i-1), raft = P+2(i-1)+1")
-    up.add_argument("--storage-url", metavar="URL",
+    up.add_argument("--storage-url", type=storage_url, metavar="URL",
                     help="SQLAlchemy URL per node; {node} is replaced by the node id (each node needs its own database)")
     up.add_argument("--detach", action="store_true", help="return once the cluster is up, leaving it running")
     up.add_argument("--no-injections", dest="injections", action="store_false",
                     help="start the nodes without --enable-injections, so `vbc inject` is refused (by default a "
                          "local cluster's nodes run with it)")
+    up.add_argument("--no-spark-prestart", dest="spark_prestart", action="store_false",
+                    help="start the nodes with --no-spark-prestart: each starts Spark at its first view building batch")
     up.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
     up.set_defaults(handler=cmd_cluster_up, parser=up)
 
     down = cluster_commands.add_parser("down", help="stop every node (the data is kept)")
-    down.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    down.add_argument("--data-dir", required=True, type=absolute_path, metavar="DIR")
     down.add_argument("--timeout", type=positive_float, default=cluster_mod.STOP_TIMEOUT, metavar="S")
     down.set_defaults(handler=cmd_cluster_down, parser=down)
 
     stop = cluster_commands.add_parser("stop-node", help="stop one node")
-    stop.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    stop.add_argument("--data-dir", required=True, type=absolute_path, metavar="DIR")
     stop.add_argument("id", metavar="ID")
     stop.add_argument("--kill", action="store_true", help="SIGKILL instead of SIGTERM")
     stop.add_argument("--timeout", type=positive_float, default=cluster_mod.STOP_TIMEOUT, metavar="S")
     stop.set_defaults(handler=cmd_cluster_stop_node, parser=stop)
 
     start = cluster_commands.add_parser("start-node", help="restart one node with its recorded arguments")
-    start.add_argument("--data-dir", required=True, type=Path, metavar="DIR")
+    start.add_argument("--data-dir", required=True, type=absolute_path, metavar="DIR")
     start.add_argument("id", metavar="ID")
     start.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
     start.set_defaults(handler=cmd_cluster_start_node, parser=start)
@@ -354,6 +374,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
                         peers=args.peers, shards=args.shards, storage_url=args.storage_url,
                         metrics_addr=args.metrics, spark_memory=args.spark_memory,
                         limits=node_limits(args), enable_injections=args.enable_injections,
+                        spark_prestart=args.spark_prestart,
                         **({"spark_master": args.spark_master} if args.spark_master else {}),
                         **({"spark_java_options": args.spark_java_options}
                            if args.spark_java_options is not None else {}))
@@ -377,6 +398,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             cluster = cluster_mod.start_cluster(
                 args.data_dir, nodes=args.nodes, shards=args.shards, base_port=args.base_port,
                 storage_url=args.storage_url, timeout=args.timeout, injections=args.injections,
+                spark_prestart=args.spark_prestart,
                 progress=lambda message: spinner.update(f"starting: {message}"),
             )
     except cluster_mod.ClusterStartError as exc:

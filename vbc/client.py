@@ -329,7 +329,9 @@ def node_status_to_dict(node: pb.NodeStatus) -> dict:
 
 
 def worker_stats_to_dict(stats: pb.WorkerStats) -> dict:
-    return {field.name: getattr(stats, field.name) for field in stats.DESCRIPTOR.fields}
+    document = {field.name: getattr(stats, field.name) for field in stats.DESCRIPTOR.fields}
+    document["failures"] = [{"view_id": f.view_id, "error": f.error, "attempts": f.attempts} for f in stats.failures]
+    return document
 
 
 def view_status_to_dict(view: pb.ViewStatus) -> dict:
@@ -345,6 +347,7 @@ def view_status_to_dict(view: pb.ViewStatus) -> dict:
         "rows_per_s": view.rows_per_s,
         "eta_s": view.eta_s,
         "hosts": dict(sorted(view.hosts.items())),
+        "errors": [{"node": e.node, "error": e.error, "attempts": e.attempts} for e in view.errors],
     }
 
 

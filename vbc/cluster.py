@@ -38,6 +38,7 @@ NODE_PLACEHOLDER = "{node}"  # in --storage-url: replaced by each node's id
 # A local cluster is for development and tests: its nodes let `vbc inject` switch fault injection on unless
 # `vbc cluster up --no-injections` (a node started by hand, or by deploy/, runs without it).
 INJECTIONS_FLAG = "--enable-injections"
+NO_SPARK_PRESTART_FLAG = "--no-spark-prestart"  # `vbc cluster up --no-spark-prestart`: Spark starts at the first batch
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # Popen objects of the nodes this process started, so their exit is reaped (no zombies) and seen. They are
@@ -151,7 +152,7 @@ def peers_argument(node: dict, nodes: Iterable[dict]) -> str:
 
 
 def node_command(node: dict, nodes: list[dict], shards: int, storage_url: str | None, launcher: list[str],
-                 injections: bool = True) -> list[str]:
+                 injections: bool = True, spark_prestart: bool = True) -> list[str]:
     command = [*launcher, "node", "start", "--id", node["id"], "--data-dir", node["data_dir"],
                "--grpc", node["grpc"], "--raft", node["raft"], "--shards", str(shards)]
     peers = peers_argument(node, nodes)
@@ -159,7 +160,7 @@ def node_command(node: dict, nodes: list[dict], shards: int, storage_url: str | 
         command += ["--peers", peers]
     if storage_url:
         command += ["--storage-url", storage_url.replace(NODE_PLACEHOLDER, node["id"])]
-    return with_injections(command, injections)
+    return with_spark_prestart(with_injections(command, injections), spark_prestart)
 
 
 def with_injections(command: list[str], injections: bool) -> list[str]:
@@ -167,8 +168,15 @@ def with_injections(command: list[str], injections: bool) -> list[str]:
     return [word for word in command if word != INJECTIONS_FLAG] + ([INJECTIONS_FLAG] if injections else [])
 
 
+def with_spark_prestart(command: list[str], spark_prestart: bool) -> list[str]:
+    """`command` without --no-spark-prestart, or with it at its end."""
+    return [word for word in command if word != NO_SPARK_PRESTART_FLAG] + ([] if spark_prestart
+                                                                           else [NO_SPARK_PRESTART_FLAG])
+
+
 def new_cluster(data_dir: Path, count: int, shards: int = 1, base_port: int | None = None,
-                storage_url: str | None = None, launcher: list[str] | None = None, injections: bool = True) -> dict:
+                storage_url: str | None = None, launcher: list[str] | None = None, injections: bool = True,
+                spark_prestart: bool = True) -> dict:
     """A cluster description (what cluster.json holds) for `count` fresh nodes; nothing is started."""
     if count < 1:
         raise ClusterError("a cluster needs at least one node")
@@ -181,7 +189,8 @@ def new_cluster(data_dir: Path, count: int, shards: int = 1, base_port: int | No
         )
     nodes = node_layout(data_dir, count, base_port)
     for node in nodes:
-        node["command"] = node_command(node, nodes, shards, storage_url, launcher or default_launcher(), injections)
+        node["command"] = node_command(node, nodes, shards, storage_url, launcher or default_launcher(), injections,
+                                       spark_prestart)
     return {"host": HOST, "shards": shards, "storage_url": storage_url,
             "base_port": int(nodes[0]["grpc"].rsplit(":", 1)[1]), "nodes": nodes}
 
@@ -486,9 +495,10 @@ def check_not_running(cluster: dict, data_dir: Path) -> None:
                            f"stop it with 'vbc cluster down --data-dir {data_dir}'")
 
 
-def reuse_cluster(data_dir: Path, count: int, shards: int, base_port: int | None, injections: bool = True) -> dict:
+def reuse_cluster(data_dir: Path, count: int, shards: int, base_port: int | None, injections: bool = True,
+                  spark_prestart: bool = True) -> dict:
     """The recorded cluster of DIR, to restart with its ports, arguments and data (with or without
-    --enable-injections as `injections` says)."""
+    --enable-injections and --no-spark-prestart as `injections` and `spark_prestart` say)."""
     cluster = load_cluster(data_dir)
     check_not_running(cluster, data_dir)
     recorded = len(cluster["nodes"])
@@ -507,29 +517,30 @@ def reuse_cluster(data_dir: Path, count: int, shards: int, base_port: int | None
                 raise ClusterError(f"port {port} ({node['id']} {role}) is already in use; "
                                    f"the cluster in {data_dir} must restart on its recorded ports")
     for node in cluster["nodes"]:
-        node["command"] = with_injections(node["command"], injections)
+        node["command"] = with_spark_prestart(with_injections(node["command"], injections), spark_prestart)
     return cluster
 
 
 def start_cluster(data_dir: Path | str, nodes: int = 3, shards: int = 1, base_port: int | None = None,
                   storage_url: str | None = None, timeout: float = START_TIMEOUT, launcher: list[str] | None = None,
                   die_with_parent: bool = False, progress: ProgressFn | None = None,
-                  spawn: SpawnFn | None = None, injections: bool = True) -> dict:
+                  spawn: SpawnFn | None = None, injections: bool = True, spark_prestart: bool = True) -> dict:
     """Start (or restart, when DIR has a cluster.json) a cluster and wait for every node and a leader.
 
     Returns the cluster description (as saved in cluster.json, plus "leader"). On failure every started
     node is stopped and ClusterError/ClusterStartError is raised. `spawn` replaces spawn_node (e.g. to
     record pids or spawn from a given thread). The nodes run with --enable-injections unless `injections`
-    is False (a restarted cluster's recorded commands are changed to match).
+    is False, and with --no-spark-prestart when `spark_prestart` is False (a restarted cluster's recorded
+    commands are changed to match).
     """
     spawn = spawn or spawn_node
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with locked(data_dir):
         if cluster_path(data_dir).exists():
-            cluster = reuse_cluster(data_dir, nodes, shards, base_port, injections)
+            cluster = reuse_cluster(data_dir, nodes, shards, base_port, injections, spark_prestart)
         else:
-            cluster = new_cluster(data_dir, nodes, shards, base_port, storage_url, launcher, injections)
+            cluster = new_cluster(data_dir, nodes, shards, base_port, storage_url, launcher, injections, spark_prestart)
         try:
             for node in cluster["nodes"]:
                 node["pid"] = spawn(node, die_with_parent)

@@ -244,13 +244,24 @@ def check(addresses: list[str]) -> bool:
     return ok
 
 
+def build_time_text(nodes: list[dict]) -> str:
+    """Where the build's time went: the slowest Spark start, then the batches' phases summed over the nodes."""
+    workers = [node["worker"] for node in nodes if node.get("worker")]
+    start = max((worker["spark_start_s"] for worker in workers), default=0.0)
+    read, spark, merge = (sum(worker[key] for worker in workers) for key in ("read_s", "spark_s", "merge_s"))
+    return (f"Spark start {start:.1f} s (at node start, in the background); batches: reads {read:.1f} s, "
+            f"Spark {spark:.1f} s, merges {merge:.1f} s (summed over the nodes, since each started)")
+
+
 def summary(rows: int, load_seconds: float, build_seconds: float, writer: Writer, addresses: list[str]) -> None:
-    views = {v["name"]: v for v in client.status(addresses)["views"]}
+    status = client.status(addresses)
+    views = {v["name"]: v for v in status["views"]}
     scanned = sum(views[name]["rows_done"] for name in (VIEW, INDEX))
     step("summary")
     note(f"rows loaded:   {rows:,} in {load_seconds:.1f} s ({rows / load_seconds:,.0f} rows/s)", style="")
     note(f"build:         a view and an index over {rows:,} rows x 3 replicas in {build_seconds:.1f} s "
          f"({scanned:,} base rows scanned, {scanned / build_seconds:,.0f} rows/s)", style="")
+    note(f"build time:    {build_time_text(status['nodes'])}", style="")
     note(f"live writes:   {writer.writes:,} during the build ({writer.failures} refused while a node was down)",
          style="")
 

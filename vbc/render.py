@@ -74,9 +74,36 @@ def worker_text(worker: dict | None) -> Text:
         return Text("")
     text = Text(f"{worker['batches_running']} running, {worker['tasks_finished']} tasks, "
                 f"{worker['rows_scanned']:,} rows, {worker['spark_jobs']} spark jobs")
+    if worker.get("tablet_scans"):
+        text.append(f" (read {worker.get('read_s', 0.0):.1f}s, spark {worker.get('spark_s', 0.0):.1f}s, "
+                    f"merge {worker.get('merge_s', 0.0):.1f}s)")
     if worker["batches_failed"]:
         text.append(f", {worker['batches_failed']} failed", style="red")
     return text
+
+
+SPARK_STATE_STYLES = {"ready": "green", "starting": "yellow", "warming": "yellow", "failed": "bold red", "off": "dim"}
+
+
+def spark_text(worker: dict | None) -> Text:
+    """The node's Spark session: its state, and the seconds its start took once it is up."""
+    state = (worker or {}).get("spark_state", "")
+    if not state:
+        return Text("")
+    text = Text(state, style=SPARK_STATE_STYLES.get(state, ""))
+    if state == "ready" and worker.get("spark_start_s"):
+        text.append(f" {worker['spark_start_s']:.1f}s", style="dim")
+    return text
+
+
+def spark_error_lines(nodes: list[dict]) -> list[Text]:
+    """One line per node whose Spark session failed to start (or to warm up)."""
+    lines = []
+    for node in nodes:
+        worker = node.get("worker") or {}
+        if worker.get("spark_error"):
+            lines.append(Text(f"{node['id']}: spark {worker['spark_state']}: {worker['spark_error']}", style="red"))
+    return lines
 
 
 def duration_text(seconds: float) -> str:
@@ -106,14 +133,14 @@ def hosts_text(hosts: dict[str, str]) -> Text:
 
 def status_nodes_table(nodes: list[dict], leader: str) -> Table:
     table = Table(title="nodes", title_justify="left")
-    for column in ("id", "grpc", "raft", "alive", "shards", "schema", "pending view updates", "worker"):
-        table.add_column(column, no_wrap=column == "id")
+    for column in ("id", "grpc", "raft", "alive", "shards", "schema", "pending view updates", "spark", "worker"):
+        table.add_column(column, no_wrap=column in ("id", "spark"))
     for node in sorted(nodes, key=lambda n: (len(n["id"]), n["id"])):
         name = Text(node["id"] + (" (leader)" if node["id"] == leader else ""))
         alive = Text("up", style="green") if node["alive"] else Text("DOWN", style="bold red")
         table.add_row(name, cell(node["grpc"]), cell(node.get("raft", "")), alive, cell(node.get("shards", "")),
                       cell(node.get("schema_version", "")), cell(node.get("pending_view_updates", "")),
-                      worker_text(node.get("worker")))
+                      spark_text(node.get("worker")), worker_text(node.get("worker")))
     return table
 
 
@@ -129,6 +156,17 @@ def status_views_table(views: list[dict]) -> Table:
     return table
 
 
+def view_error_lines(views: list[dict]) -> list[Text]:
+    """One line per (view, node) whose batches keep failing: the node, how many in a row, the last error."""
+    lines = []
+    for view in views:
+        for error in view.get("errors", ()):
+            attempts = error["attempts"]
+            lines.append(Text(f"{view['name']}: {attempts} batch{'es' if attempts != 1 else ''} failed in a row on "
+                              f"{error['node']}: {error['error']}", style="red"))
+    return lines
+
+
 def render_status(document: dict) -> Group:
     """A readable rendering of `client.status()`."""
     header = Text.assemble(("leader ", "bold"), document["leader"] or "(none)", ("  term ", "bold"), str(document["term"]))
@@ -136,8 +174,9 @@ def render_status(document: dict) -> Group:
         header.append_text(Text.assemble(("  schema ", "bold"), str(document["schema_version"])))
     if document.get("answered_by"):
         header.append_text(Text.assemble(("  answered by ", "bold"), document["answered_by"]))
-    parts = [header, status_nodes_table(document["nodes"], document["leader"])]
+    parts = [header, status_nodes_table(document["nodes"], document["leader"]), *spark_error_lines(document["nodes"])]
     parts.append(status_views_table(document["views"]) if document["views"] else Text("no views", style="dim"))
+    parts += view_error_lines(document["views"])
     return Group(*parts)
 
 

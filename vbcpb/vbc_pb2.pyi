@@ -112,7 +112,7 @@ class NodeStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., schema_version: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed")
+    __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed", "spark_state", "spark_error", "spark_start_s", "read_s", "spark_s", "merge_s", "failures")
     SPARK_JOBS_FIELD_NUMBER: _ClassVar[int]
     TABLET_SCANS_FIELD_NUMBER: _ClassVar[int]
     ROWS_SCANNED_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,13 @@ class WorkerStats(_message.Message):
     TASKS_ANSWERED_FROM_LEDGER_FIELD_NUMBER: _ClassVar[int]
     BATCHES_RUNNING_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FAILED_FIELD_NUMBER: _ClassVar[int]
+    SPARK_STATE_FIELD_NUMBER: _ClassVar[int]
+    SPARK_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SPARK_START_S_FIELD_NUMBER: _ClassVar[int]
+    READ_S_FIELD_NUMBER: _ClassVar[int]
+    SPARK_S_FIELD_NUMBER: _ClassVar[int]
+    MERGE_S_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
     spark_jobs: int
     tablet_scans: int
     rows_scanned: int
@@ -127,10 +134,37 @@ class WorkerStats(_message.Message):
     tasks_answered_from_ledger: int
     batches_running: int
     batches_failed: int
-    def __init__(self, spark_jobs: _Optional[int] = ..., tablet_scans: _Optional[int] = ..., rows_scanned: _Optional[int] = ..., tasks_finished: _Optional[int] = ..., tasks_answered_from_ledger: _Optional[int] = ..., batches_running: _Optional[int] = ..., batches_failed: _Optional[int] = ...) -> None: ...
+    spark_state: str
+    spark_error: str
+    spark_start_s: float
+    read_s: float
+    spark_s: float
+    merge_s: float
+    failures: _containers.RepeatedCompositeFieldContainer[BatchFailure]
+    def __init__(self, spark_jobs: _Optional[int] = ..., tablet_scans: _Optional[int] = ..., rows_scanned: _Optional[int] = ..., tasks_finished: _Optional[int] = ..., tasks_answered_from_ledger: _Optional[int] = ..., batches_running: _Optional[int] = ..., batches_failed: _Optional[int] = ..., spark_state: _Optional[str] = ..., spark_error: _Optional[str] = ..., spark_start_s: _Optional[float] = ..., read_s: _Optional[float] = ..., spark_s: _Optional[float] = ..., merge_s: _Optional[float] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ...) -> None: ...
+
+class BatchFailure(_message.Message):
+    __slots__ = ("view_id", "error", "attempts")
+    VIEW_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    view_id: str
+    error: str
+    attempts: int
+    def __init__(self, view_id: _Optional[str] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ...) -> None: ...
+
+class ViewBuildError(_message.Message):
+    __slots__ = ("node", "error", "attempts")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    error: str
+    attempts: int
+    def __init__(self, node: _Optional[str] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class ViewStatus(_message.Message):
-    __slots__ = ("name", "base", "state", "tasks_total", "tasks_done", "progress", "hosts", "is_index", "rows_done", "rows_per_s", "eta_s")
+    __slots__ = ("name", "base", "state", "tasks_total", "tasks_done", "progress", "hosts", "is_index", "rows_done", "rows_per_s", "eta_s", "errors")
     class HostsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +183,7 @@ class ViewStatus(_message.Message):
     ROWS_DONE_FIELD_NUMBER: _ClassVar[int]
     ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
     ETA_S_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
     name: str
     base: str
     state: str
@@ -160,7 +195,8 @@ class ViewStatus(_message.Message):
     rows_done: int
     rows_per_s: float
     eta_s: float
-    def __init__(self, name: _Optional[str] = ..., base: _Optional[str] = ..., state: _Optional[str] = ..., tasks_total: _Optional[int] = ..., tasks_done: _Optional[int] = ..., progress: _Optional[float] = ..., hosts: _Optional[_Mapping[str, str]] = ..., is_index: _Optional[bool] = ..., rows_done: _Optional[int] = ..., rows_per_s: _Optional[float] = ..., eta_s: _Optional[float] = ...) -> None: ...
+    errors: _containers.RepeatedCompositeFieldContainer[ViewBuildError]
+    def __init__(self, name: _Optional[str] = ..., base: _Optional[str] = ..., state: _Optional[str] = ..., tasks_total: _Optional[int] = ..., tasks_done: _Optional[int] = ..., progress: _Optional[float] = ..., hosts: _Optional[_Mapping[str, str]] = ..., is_index: _Optional[bool] = ..., rows_done: _Optional[int] = ..., rows_per_s: _Optional[float] = ..., eta_s: _Optional[float] = ..., errors: _Optional[_Iterable[_Union[ViewBuildError, _Mapping]]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("leader", "term", "nodes", "views", "answered_by", "schema_version")

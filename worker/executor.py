@@ -59,6 +59,15 @@ class WorkerCounters:
     rows_scanned: int = 0
 
 
+@dataclass(frozen=True)
+class BatchFailure:
+    """A view whose batches failed on this worker since the last one that succeeded: its last error, how many."""
+
+    view_id: str
+    error: str
+    attempts: int
+
+
 RunBatch = Callable[[StartBatch, BatchControl], int]
 
 
@@ -76,6 +85,7 @@ class WorkerExecutor:
         self._answers: set[Future] = set()  # the calls waiting for an answer
         self._controls: dict[int, BatchControl] = {}
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="view-build")
+        self._failures: dict[str, BatchFailure] = {}  # view id -> its batches' failures in a row
         self.counters = WorkerCounters()
 
     def work(self, term: int, shard: int, task_ids: list[str], timeout: float | None = None) -> Answer:
@@ -112,13 +122,23 @@ class WorkerExecutor:
             self._carry_out(self._book.tasks_changed(self._read_tasks()))
 
     def prune(self) -> None:
-        """Forget ledger ids group0 no longer holds; only once this node caught up with group0."""
+        """Forget ledger ids group0 no longer holds, and the failures of views without a task left; only once
+        this node caught up with group0."""
         with self._lock:
-            self._carry_out(self._book.prune(self._read_tasks()))
+            tasks = self._read_tasks()
+            self._carry_out(self._book.prune(tasks))
+            building = {task.view_id for task in tasks.values()}
+            for view_id in set(self._failures) - building:
+                del self._failures[view_id]
 
     def running_batches(self) -> int:
         with self._lock:
             return len(self._book.batches())
+
+    def failures(self) -> list[BatchFailure]:
+        """The views whose batches failed here since their last success, by view id."""
+        with self._lock:
+            return [self._failures[view_id] for view_id in sorted(self._failures)]
 
     def close(self, wait: bool = True) -> None:
         """Cancel every batch and answer every waiting caller UNAVAILABLE (the node is stopping); `wait` for
@@ -193,12 +213,16 @@ class WorkerExecutor:
                 self._carry_out(instructions)  # the ledger first, then the answers
             except Exception as error:  # noqa: BLE001 - e.g. the ledger could not be written
                 self._not_recorded(start, instructions, error)
+            else:
+                for view_id in views_of(start):
+                    self._failures.pop(view_id, None)
 
     def _not_recorded(self, start: StartBatch, instructions: list[Instruction], error: Exception) -> None:
         """The ledger refused a succeeded batch's ids: they are not finished; every caller gets the error."""
         log.error("recording view building batch %s (%s) as finished failed: %s", start.batch_id,
                   ", ".join(start.task_ids), error)
         self.counters.batches_failed += 1
+        self._note_failure(start, f"the finished-task ledger failed: {error}")
         for instruction in instructions:
             if isinstance(instruction, RecordFinished):
                 self._book.not_finished(instruction.task_ids)
@@ -212,4 +236,15 @@ class WorkerExecutor:
         with self._lock:
             self._controls.pop(start.batch_id, None)
             self.counters.batches_failed += 1
+            self._note_failure(start, message)
             self._carry_out(self._book.batch_failed(start.batch_id, message))
+
+    def _note_failure(self, start: StartBatch, message: str) -> None:
+        """One more failure in a row for each view of the batch (under the lock)."""
+        for view_id in views_of(start):
+            previous = self._failures.get(view_id)
+            self._failures[view_id] = BatchFailure(view_id, message, previous.attempts + 1 if previous else 1)
+
+
+def views_of(start: StartBatch) -> set[str]:
+    return {task.view_id for task in start.tasks if task.view_id is not None}

@@ -1,4 +1,4 @@
-"""One SparkSession per node: started lazily, bounded memory, Arrow on, UI off, JVM output in the node's log."""
+"""One SparkSession per node: prestarted or lazy, bounded memory, Arrow on, UI off, JVM output in the node's log."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,7 +69,7 @@ class SparkConfig:
 
     @property
     def spark_dir(self) -> Path | None:
-        return None if self.data_dir is None else Path(self.data_dir) / "spark"
+        return None if self.data_dir is None else Path(self.data_dir).resolve() / "spark"  # Spark takes file URIs
 
     def local_dir(self) -> Path | None:
         """Spark's scratch space (shuffle and spill files)."""
@@ -248,32 +249,107 @@ def _end_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
 _JVM = _Jvm()
 
 
-class NodeSpark:
-    """The Spark session of one node: started on the first `session()` call, stopped by `stop()`.
+SPARK_OFF = "off"  # not started: prestart disabled (the first batch starts it) or the node stopped
+SPARK_STARTING = "starting"
+SPARK_WARMING = "warming"  # started; the prestart's warm-up jobs run
+SPARK_READY = "ready"
+SPARK_FAILED = "failed"  # the last start failed; the next `session()` call tries again
+STOP_WAIT = 15.0  # how long `stop()` waits for a start or warm-up in progress
+MAX_ERROR_CHARS = 2000
 
-    Thread-safe. Several nodes in one process share the process's one Spark driver (the first one's
-    configuration wins); the driver stops when the last of them stops.
+
+@dataclass(frozen=True)
+class SparkState:
+    """What a node shows of its Spark session: the state, the error of a failed start, and the seconds its start
+    took (with the prestart's warm-up)."""
+
+    state: str = SPARK_OFF
+    error: str = ""
+    start_seconds: float = 0.0
+
+
+def error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".strip()[:MAX_ERROR_CHARS]
+
+
+class NodeSpark:
+    """The Spark session of one node: started by `prestart()` or on the first `session()` call, stopped by `stop()`.
+
+    Thread-safe: a `session()` call during a start in progress waits for that start. Several nodes in one
+    process share the process's one Spark driver (the first one's configuration wins); the driver stops when
+    the last of them stops.
     """
 
     def __init__(self, config: SparkConfig | None = None) -> None:
         self.config = config or SparkConfig()
         self._lock = threading.Lock()
         self._session = None
-        self._stopped = False
+        self._stopping = threading.Event()
         self._scratch_ready = False
+        self._prestart: threading.Thread | None = None
+        self.state = SparkState()
 
     @property
     def started(self) -> bool:
         return self._session is not None
 
     def session(self):
-        """The node's SparkSession, started now if this is the first use."""
+        """The node's SparkSession, started now if this is the first use (or the last start failed)."""
+        return self._open(SPARK_READY)
+
+    def prestart(self, warm_up: Callable[[NodeSpark, threading.Event], object]) -> None:
+        """Start the session on a daemon thread, then run `warm_up(self, stopping)` there; returns at once.
+
+        A failed start is logged and leaves the state "failed": the next `session()` call starts again."""
+        self._prestart = threading.Thread(target=self._run_prestart, args=(warm_up,), name="spark-prestart",
+                                          daemon=True)
+        self._prestart.start()
+
+    def _run_prestart(self, warm_up: Callable[[NodeSpark, threading.Event], object]) -> None:
+        started = time.monotonic()
+        try:
+            self._open(SPARK_WARMING)
+        except Exception as error:  # noqa: BLE001 - the node runs on; its first batch starts the session again
+            if not self._stopping.is_set():
+                log.error("starting the node's Spark session failed (the first view building batch tries again): "
+                          "%s", error_text(error))
+            return
+        warm_up_error = ""
+        try:
+            warm_up(self, self._stopping)
+        except Exception as error:  # noqa: BLE001 - the session works; only the first batch is slower
+            if self._stopping.is_set():
+                return
+            log.warning("the Spark warm-up failed; the session is used as it is", exc_info=True)
+            warm_up_error = f"warm-up failed: {error_text(error)}"
         with self._lock:
-            if self._stopped:
+            if self._session is not None and not self._stopping.is_set():
+                self.state = SparkState(SPARK_READY, warm_up_error, time.monotonic() - started)
+                log.info("spark session ready (started and warmed up in %.1f s)", self.state.start_seconds)
+
+    def _open(self, state_once_started: str):
+        with self._lock:
+            if self._stopping.is_set():
                 raise RuntimeError("the node's Spark session was stopped")
             if self._session is None:
-                self._session = _JVM.acquire(self.config)
+                self._session = self._start(state_once_started)
             return self._session
+
+    def _start(self, state_once_started: str):
+        """Acquire the process's Spark driver (under `_lock`), following it in `state`."""
+        started = time.monotonic()
+        self.state = SparkState(SPARK_STARTING)
+        try:
+            session = _JVM.acquire(self.config)
+        except BaseException as error:
+            self.state = SparkState(SPARK_FAILED, error_text(error), time.monotonic() - started)
+            raise
+        if self._stopping.is_set():  # `stop()` gave up waiting for this start: end it here
+            _JVM.release()
+            self.state = SparkState()
+            raise RuntimeError("the node's Spark session was stopped while it started")
+        self.state = SparkState(state_once_started, "", time.monotonic() - started)
+        return session
 
     def scratch_dir(self) -> Path | None:
         """Where Arrow tables are staged as Parquet files for Spark to read: the node's Spark scratch space when
@@ -288,13 +364,25 @@ class NodeSpark:
             directory.mkdir(parents=True, exist_ok=True)
         return directory
 
-    def stop(self) -> None:
-        """Stop the session (a no-op when it never started); later `session()` calls fail."""
-        with self._lock:
-            self._stopped = True
+    def stop(self, wait: float = STOP_WAIT) -> None:
+        """Stop the session (a no-op when it never started); later `session()` calls fail.
+
+        A prestart in progress is waited for up to `wait` seconds (its warm-up runs no further job); a start
+        still running after that stops its session itself when it ends (the JVM also exits with the process)."""
+        self._stopping.set()
+        deadline = time.monotonic() + wait
+        if self._prestart is not None:
+            self._prestart.join(wait)
+        if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            log.warning("the Spark session is still starting after %g s: it stops once its start ends", wait)
+            return
+        try:
             if self._session is not None:
                 self._session = None
                 _JVM.release()
+            self.state = SparkState()
+        finally:
+            self._lock.release()
 
     def __enter__(self) -> NodeSpark:
         return self
