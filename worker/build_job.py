@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -126,8 +127,18 @@ class BuildJob:
         return computed - started, time.perf_counter() - computed
 
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
-        for replica, part in by_destination(view_rows, plan.view_replicas[view.id], plan.pair).items():
+        """Merge the view's rows at every destination replica, the destinations at once (each merge mostly waits:
+        on a peer, or on this node's merging child process); the first error once all of them ended."""
+        parts = by_destination(view_rows, plan.view_replicas[view.id], plan.pair)
+        if len(parts) == 1:
+            (replica, part), = parts.items()
             self._merge_view_rows(replica, view, plan.schema_version, part)
+            return
+        with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="view-rows") as pool:
+            merges = [pool.submit(self._merge_view_rows, replica, view, plan.schema_version, part)
+                      for replica, part in parts.items()]
+        for merge in merges:
+            merge.result()
 
 
 def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...], pair: int) -> dict[Replica, pa.Table]:
