@@ -1,33 +1,46 @@
-"""View building benchmark: CREATE MATERIALIZED VIEW -> BUILT on real node processes, against SQLite's own
-set-based build of the same rows, measured in the same run.
+"""View building benchmark on the path users take: `vbc cluster up`, `vbc load`, `CREATE MATERIALIZED VIEW`,
+`vbc wait-built`, against SQLite's own set-based build of the same rows, measured in the same run.
 
-Run: `.venv/bin/python bench/build.py [--rows N] [--skip-3-nodes] [--skip-coordination]` (default 1,000,000 rows).
+Run: `.venv/bin/python bench/build.py [--rows N] [--runs R] [--skip-cold] [--skip-3-nodes] [--skip-coordination]`
+(default 1,000,000 rows, 2 runs of the main figure).
 
-- build, 1 node RF 1 and 3 nodes RF 3: the table `tab(key int, c int, v text, PRIMARY KEY (key, c))` with rows
-  `(i // 10, i % 10, str(i))`, written straight into each replica's store in the storage layout (loading a
-  million rows through CQL is bench/write_path.py's subject, not this one's), then `CREATE MATERIALIZED VIEW ... PRIMARY KEY
-  (c, key, v)` and the time until the status says BUILT. Baseline: SQLite's own `INSERT INTO view SELECT ... ON
-  CONFLICT DO UPDATE ... WHERE newer` over the same rows in the same layout (bench/bulk.py), once per replica
-  (3 nodes RF 3 hold three copies: three times the work, on the same 2 cores), the median of `--baseline-runs`
-  builds (default 3) into fresh view tables over the same base rows;
-- coordination: a view over an empty table of 256 tablets, RF 3 on 3 nodes of `--shards` shards (768 tasks):
-  seconds per task;
-- peak memory (VmHWM) of a node process and of its Spark driver JVM after the 1M-row build.
-Every node's Spark session is warmed up by a view over 10 rows first (a cold session takes 5-25 s on 2 cores; it
-starts once per node, at the node's first batch with rows).
-Figures are ratios (ours / baseline) next to the seconds: absolute times are noisy.
+The table is `b.tab(key int, c int, v text, PRIMARY KEY (key, c))`, 8 tablets, with rows `(i // 10, i % 10,
+str(i))` loaded from a Parquet file by `vbc load`; the view is `PRIMARY KEY (c, key, v)`. Each figure is the
+seconds from `vbc exec "CREATE MATERIALIZED VIEW ..."` to the end of `vbc wait-built` (both run as commands,
+as a user runs them), on a fresh cluster from `vbc cluster up --shards 2` (every node's defaults):
+
+- **user's path, 1 node**: the view is created 45 s after `vbc cluster up` started the node (`--settle`): the
+  node had the time any real cluster has between its start and its first `CREATE`; `--runs` fresh clusters;
+- **cold, 1 node**: the view is created right after the load;
+- **3 nodes RF 3**: the user's path on three nodes (three copies of every row, on the same 2 cores).
+
+Baseline: SQLite's own `INSERT INTO view SELECT ... ON CONFLICT DO UPDATE ... WHERE newer` over the same rows in
+the storage layout (bench/bulk.py), the median of `--baseline-runs` builds into fresh view tables. The ratio is
+ours / baseline; 3 nodes are compared with one baseline build. The per-phase seconds (read, Spark, merge, summed
+over batches and shards) come from `vbc status`.
+
+`--direct` measures the former variant instead, labelled as such: rows written straight into each replica's
+store and every node's Spark warmed by a 10-row view first (a case no user meets).
+`--skip-coordination` skips the coordination figure: a view over an empty table of 256 tablets, RF 3 on 3 nodes
+(768 tasks), seconds per task.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 from bench.bulk import BASE, TS, sqlite_set_based_build, view_spec  # noqa: E402
 from coordinator.core.tokens import token_of  # noqa: E402
@@ -36,9 +49,13 @@ from storage.store import NodeStore, physical_table_name  # noqa: E402
 from vbc import client  # noqa: E402
 from vbc import cluster as cluster_mod  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 VIEW = ("CREATE MATERIALIZED VIEW b.mv AS SELECT * FROM b.tab "
         "WHERE c IS NOT NULL AND key IS NOT NULL AND v IS NOT NULL PRIMARY KEY (c, key, v)")
 BUILD_TIMEOUT = 1800.0
+
+
+# ------------------------------------------------------------------ the baseline
 
 
 def fill(path: Path, spec: TableSpec, rows: int) -> None:
@@ -69,21 +86,98 @@ def baseline(tmp: Path, rows: int, runs: int) -> list[float]:
     return times
 
 
-def start(tmp: Path, name: str, nodes: int, shards: int = 1) -> tuple[Path, list[str]]:
+# ------------------------------------------------------------------ the user's path
+
+
+def vbc(*args: str, timeout: float = BUILD_TIMEOUT) -> str:
+    """Run one `vbc` command as a user does; its standard output."""
+    done = subprocess.run([sys.executable, "-m", "vbc", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode != 0:
+        raise RuntimeError(f"vbc {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def write_rows(path: Path, rows: int) -> Path:
+    """The rows `(i // 10, i % 10, str(i))` as a Parquet file for `vbc load`."""
+    keys = pa.array(range(rows), pa.int32())
+    table = pa.table({"key": pa.compute.divide(keys, 10), "c": pa.compute.remainder(keys, 10),
+                      "v": pa.compute.cast(keys, pa.string())})
+    pq.write_table(table, path)
+    return path
+
+
+def user_path(tmp: Path, name: str, nodes: int, rows_file: Path, shards: int, settle: float) -> dict:
+    """A fresh cluster, the rows loaded with `vbc load`, the view created `settle` s after the cluster started
+    (at once when 0); the seconds from CREATE to BUILT and the per-phase seconds of the build."""
     data_dir = tmp / name
-    cluster = cluster_mod.start_cluster(data_dir, nodes=nodes, shards=shards)
-    return data_dir, [node["grpc"] for node in cluster["nodes"]]
+    started = time.monotonic()
+    vbc("cluster", "up", "--nodes", str(nodes), "--data-dir", str(data_dir), "--shards", str(shards), "--detach")
+    try:
+        target = ("--cluster", str(data_dir))
+        vbc("exec", *target, f"CREATE KEYSPACE b WITH replication = {{'rf': {nodes}}} AND tablets = {{'initial': 8}}")
+        vbc("exec", *target, "CREATE TABLE b.tab (key int, c int, v text, PRIMARY KEY (key, c))")
+        load_started = time.monotonic()
+        vbc("load", *target, "b.tab", str(rows_file), "--quiet")
+        loaded = time.monotonic() - load_started
+        time.sleep(max(0.0, started + settle - time.monotonic()))  # the scenario: a node that has been up a while
+        build_started = time.perf_counter()
+        vbc("exec", *target, VIEW)
+        vbc("wait-built", *target, "b.mv", "--timeout", str(BUILD_TIMEOUT))
+        seconds = time.perf_counter() - build_started
+        status = json.loads(vbc("status", *target, "--json"))
+    finally:
+        cluster_mod.stop_cluster(data_dir)
+    view = next(v for v in status["views"] if v["name"] == "b.mv")
+    return {"seconds": seconds, "load_seconds": loaded, "rows_done": view["rows_done"],
+            "tasks": view["tasks_total"], "phases": phases(status), "batches": batch_lines(data_dir)}
 
 
-def create_base(addresses: list[str], rf: int, tablets: int) -> str:
-    client.execute(addresses, f"CREATE KEYSPACE b WITH replication = {{'rf': {rf}}} AND tablets = {{'initial': {tablets}}}")
-    client.execute(addresses, "CREATE TABLE b.tab (key int, c int, v text, PRIMARY KEY (key, c))")
-    response = client.admin_stub(addresses[0]).Tablets(client.pb.TabletsRequest(table="b.tab"), timeout=10)
-    return response.table_id
+def phases(status: dict) -> dict[str, float]:
+    """Seconds spent reading, in Spark and merging, summed over the nodes (absent before they were counted)."""
+    workers = [node.get("worker") or {} for node in status["nodes"]]
+    return {phase: sum(w.get(f"{phase}_s", 0.0) for w in workers) for phase in ("read", "spark", "merge")
+            if any(f"{phase}_s" in w for w in workers)}
+
+
+def batch_lines(data_dir: Path) -> list[str]:
+    """The node logs' per-batch lines (rows, read, spark, merge seconds) of the build."""
+    lines = []
+    for node in cluster_mod.load_cluster(data_dir)["nodes"]:
+        lines += [f"{node['id']}: {line.split(': ', 1)[1]}" for line in Path(node["log"]).read_text().splitlines()
+                  if "worker.build_job: batch " in line and " b.tab " in line]
+    return lines
+
+
+# ------------------------------------------------------------------ the former, direct variant
+
+
+def direct_build(tmp: Path, nodes: int, rows: int, tablets: int, shards: int) -> dict:
+    """Rows written straight into every replica's store, every node's Spark warmed by a 10-row view first."""
+    data_dir = tmp / f"direct{nodes}"
+    addresses = [n["grpc"] for n in cluster_mod.start_cluster(data_dir, nodes=nodes, shards=shards)["nodes"]]
+    try:
+        client.execute(addresses, f"CREATE KEYSPACE b WITH replication = {{'rf': {nodes}}} "
+                                  f"AND tablets = {{'initial': {tablets}}}")
+        client.execute(addresses, "CREATE TABLE b.tab (key int, c int, v text, PRIMARY KEY (key, c))")
+        table_id = client.admin_stub(addresses[0]).Tablets(client.pb.TabletsRequest(table="b.tab"), timeout=10).table_id
+        spec = TableSpec(table_id, BASE.partition_key, BASE.clustering_key, BASE.regular)
+        for node in cluster_mod.load_cluster(data_dir)["nodes"]:
+            fill(Path(node["data_dir"]) / "storage.db", spec, rows)
+        warm_up(addresses, rf=nodes)
+        started = time.perf_counter()
+        client.execute(addresses, VIEW)
+        client.wait_built(addresses, "b.mv", BUILD_TIMEOUT, poll=0.05)
+        seconds = time.perf_counter() - started
+        status = client.status(addresses)
+        memory = peak_memory(cluster_mod.load_cluster(data_dir)["nodes"][0]["pid"])
+    finally:
+        cluster_mod.stop_cluster(data_dir)
+    view = next(v for v in status["views"] if v["name"] == "b.mv")
+    return {"seconds": seconds, "rows_done": view["rows_done"], "tasks": view["tasks_total"], "memory": memory}
 
 
 def warm_up(addresses: list[str], rf: int) -> None:
-    """Build a view over a few rows first, so every node's Spark session is running (a cold one takes 5-25 s)."""
     client.execute(addresses, f"CREATE KEYSPACE warm WITH replication = {{'rf': {rf}}} AND tablets = {{'initial': 1}}")
     client.execute(addresses, "CREATE TABLE warm.t (a int, b int, PRIMARY KEY (a))")
     client.execute(addresses, "INSERT INTO warm.t (a, b) VALUES (?, ?)", params=[[i, i] for i in range(10)])
@@ -92,19 +186,13 @@ def warm_up(addresses: list[str], rf: int) -> None:
     client.wait_built(addresses, "warm.v", BUILD_TIMEOUT)
 
 
-def build_seconds(addresses: list[str]) -> float:
-    started = time.perf_counter()
-    client.execute(addresses, VIEW)
-    client.wait_built(addresses, "b.mv", BUILD_TIMEOUT, poll=0.05)
-    return time.perf_counter() - started
-
-
 def peak_memory(pid: int) -> dict[str, int]:
     """Peak resident memory (VmHWM, bytes) of the node process and of its Spark driver JVM (a child)."""
     peaks = {"node": _hwm(pid)}
-    for child in _children(pid):
-        if "java" in Path(f"/proc/{child}/comm").read_text():
-            peaks["spark jvm"] = _hwm(child)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (int(c) for c in (task / "children").read_text().split()):
+            if "java" in Path(f"/proc/{child}/comm").read_text():
+                peaks["spark jvm"] = _hwm(child)
     return peaks
 
 
@@ -115,57 +203,58 @@ def _hwm(pid: int) -> int:
     return 0
 
 
-def _children(pid: int) -> list[int]:
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    return children
-
-
-def bench_build(tmp: Path, nodes: int, rows: int, tablets: int, shards: int) -> dict:
-    data_dir, addresses = start(tmp, f"build{nodes}", nodes, shards)
-    try:
-        table_id = create_base(addresses, rf=nodes, tablets=tablets)
-        spec = TableSpec(table_id, BASE.partition_key, BASE.clustering_key, BASE.regular)
-        for node in cluster_mod.load_cluster(data_dir)["nodes"]:
-            fill(Path(node["data_dir"]) / "storage.db", spec, rows)  # RF = nodes: every node holds every row
-        warm_up(addresses, rf=nodes)
-        seconds = build_seconds(addresses)
-        status = client.status(addresses)
-        view = next(v for v in status["views"] if v["name"] == "b.mv")
-        scanned = sum((n["worker"] or {}).get("rows_scanned", 0) for n in status["nodes"]) - 10 * nodes  # warm-up
-        memory = peak_memory(cluster_mod.load_cluster(data_dir)["nodes"][0]["pid"])
-    finally:
-        cluster_mod.stop_cluster(data_dir)
-    assert view["rows_done"] == rows * nodes == scanned, (view["rows_done"], scanned)
-    return {"seconds": seconds, "memory": memory, "tasks": view["tasks_total"]}
+# ------------------------------------------------------------------ coordination
 
 
 def bench_coordination(tmp: Path, tablets: int, shards: int) -> dict:
-    data_dir, addresses = start(tmp, "coordination", 3, shards)
+    data_dir = tmp / "coordination"
+    addresses = [n["grpc"] for n in cluster_mod.start_cluster(data_dir, nodes=3, shards=shards)["nodes"]]
     try:
-        create_base(addresses, rf=3, tablets=tablets)
-        seconds = build_seconds(addresses)
+        client.execute(addresses, f"CREATE KEYSPACE b WITH replication = {{'rf': 3}} AND tablets = {{'initial': {tablets}}}")
+        client.execute(addresses, "CREATE TABLE b.tab (key int, c int, v text, PRIMARY KEY (key, c))")
+        started = time.perf_counter()
+        client.execute(addresses, VIEW)
+        client.wait_built(addresses, "b.mv", BUILD_TIMEOUT, poll=0.05)
+        seconds = time.perf_counter() - started
         tasks = next(v for v in client.status(addresses)["views"] if v["name"] == "b.mv")["tasks_total"]
     finally:
         cluster_mod.stop_cluster(data_dir)
     return {"seconds": seconds, "tasks": tasks}
 
 
-def mib(size: int) -> str:
-    return f"{size / 2**20:,.0f} MiB"
+# ------------------------------------------------------------------ report
+
+
+def report(label: str, result: dict, base_seconds: float, rows: int, copies: int, target: float) -> None:
+    assert result["rows_done"] == rows * copies, (label, result["rows_done"], rows * copies)
+    ratio = result["seconds"] / base_seconds
+    loaded = f", loaded in {result['load_seconds']:.1f} s" if "load_seconds" in result else ""
+    print(f"{label}: {result['tasks']} tasks{loaded}; CREATE -> BUILT {result['seconds']:.2f} s, "
+          f"{rows * copies / result['seconds']:,.0f} rows/s; ratio {ratio:.2f} (target <= {target:g})")
+    if result.get("phases"):
+        print("  time in batches (all shards and nodes): " +
+              ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in result["phases"].items()))
+    for line in result.get("batches", []):
+        print(f"  {line}")
+    if "memory" in result:
+        print("  peak memory (n1): " + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in result["memory"].items()))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--tablets", type=int, default=4, help="tablets of the 1M-row base table (default 4)")
-    parser.add_argument("--shards", type=int, default=2, help="shards per node: batches run in parallel per shard")
-    parser.add_argument("--coordination-tablets", type=int, default=256)
+    parser.add_argument("--runs", type=int, default=2, help="fresh 1-node clusters measured on the user's path")
+    parser.add_argument("--shards", type=int, default=2, help="shards per node (default 2)")
+    parser.add_argument("--settle", type=float, default=45.0,
+                        help="seconds between the node's start and CREATE on the user's path (default 45)")
     parser.add_argument("--baseline-runs", type=int, default=3,
                         help="SQLite builds measured; the ratio is to their median (one build varies by 30%%)")
+    parser.add_argument("--skip-cold", action="store_true")
     parser.add_argument("--skip-3-nodes", action="store_true")
     parser.add_argument("--skip-coordination", action="store_true")
+    parser.add_argument("--coordination-tablets", type=int, default=256)
+    parser.add_argument("--direct", action="store_true",
+                        help="the former variant: rows written straight into the stores, Spark warmed by a tiny view")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vbc-bench-build-") as name:
         tmp = Path(name)
@@ -173,22 +262,29 @@ def main() -> None:
         base_seconds = statistics.median(times)
         print(f"baseline: SQLite INSERT..SELECT..ON CONFLICT DO UPDATE..WHERE newer, {args.rows:,} rows: "
               f"{base_seconds:.2f} s (median of {', '.join(f'{t:.2f}' for t in times)})")
-        one = bench_build(tmp, 1, args.rows, args.tablets, args.shards)
-        print(f"1 node RF 1, {args.shards} shard(s), {args.rows:,} rows, {one['tasks']} tasks: CREATE MATERIALIZED VIEW -> BUILT "
-              f"{one['seconds']:.2f} s; ratio {one['seconds'] / base_seconds:.2f} (target <= 2)")
-        print("  peak memory: " + ", ".join(f"{k} {mib(v)}" for k, v in one["memory"].items()))
-        if not args.skip_3_nodes:
-            three = bench_build(tmp, 3, args.rows, args.tablets, args.shards)
-            print(f"3 nodes RF 3, {args.shards} shard(s) each, {args.rows:,} rows x 3 replicas, {three['tasks']} tasks: "
-                  f"{three['seconds']:.2f} s; ratio to one baseline build {three['seconds'] / base_seconds:.2f} "
-                  f"(target <= 6)")
-            print("  peak memory (n1): " + ", ".join(f"{k} {mib(v)}" for k, v in three["memory"].items()))
+        if args.direct:
+            for nodes in (1,) if args.skip_3_nodes else (1, 3):
+                report(f"direct writes, warmed Spark (not a user's path), {nodes} node(s) RF {nodes}",
+                       direct_build(tmp, nodes, args.rows, 4, args.shards), base_seconds, args.rows, nodes,
+                       2 if nodes == 1 else 6)
+        else:
+            rows_file = write_rows(tmp / "rows.parquet", args.rows)
+            for run in range(1, args.runs + 1):
+                report(f"user's path, 1 node, run {run}, CREATE {args.settle:g} s after start",
+                       user_path(tmp, f"user{run}", 1, rows_file, args.shards, args.settle),
+                       base_seconds, args.rows, 1, 2)
+            if not args.skip_cold:
+                report("cold, 1 node, CREATE right after the load",
+                       user_path(tmp, "cold", 1, rows_file, args.shards, 0.0), base_seconds, args.rows, 1, 3)
+            if not args.skip_3_nodes:
+                report(f"user's path, 3 nodes RF 3, CREATE {args.settle:g} s after start",
+                       user_path(tmp, "three", 3, rows_file, args.shards, args.settle), base_seconds, args.rows, 3, 6)
         if not args.skip_coordination:
             coordination = bench_coordination(tmp, args.coordination_tablets, args.shards)
             per_task = coordination["seconds"] / coordination["tasks"] * 1000
             print(f"coordination: empty table, {args.coordination_tablets} tablets RF 3, {args.shards} shard(s) each, "
-                  f"{coordination['tasks']} "
-                  f"tasks: {coordination['seconds']:.2f} s, {per_task:.2f} ms per task (target <= 5)")
+                  f"{coordination['tasks']} tasks: {coordination['seconds']:.2f} s, {per_task:.2f} ms per task "
+                  "(target <= 5)")
 
 
 if __name__ == "__main__":

@@ -499,6 +499,7 @@ class NodeStore:
         self._is_postgres = self._engine.dialect.name == "postgresql"
         self._write_engine = self._engine if self._is_postgres else create_engine(url, writer=True)
         self._write_lock = threading.Lock()
+        self._bulk_merge_lock = threading.Lock()
         self._sqlite_writer: sa.Connection | None = None  # held between writes, under _write_lock
         self._writes_since_checkpoint = 0  # SQLite write transactions since the last `checkpoint`
         self._closed = False
@@ -537,6 +538,16 @@ class NodeStore:
         `pg_advisory_xact_lock(PG_WRITER_LOCK_ID)` inside its transaction on PostgreSQL.
         """
         with self._write_lock:
+            yield
+
+    @contextmanager
+    def bulk_merge_turn(self) -> Iterator[None]:
+        """One bulk merge at a time, from its first chunk to its last (`storage.bulk.merge_view_rows`).
+
+        Two batches merging at once would take the writer lock chunk by chunk in turn and both finish late;
+        one after the other, the first finishes at once and its worker goes on with its next batch while the
+        second merges. Live writes still interleave between chunks: the writer lock is taken per chunk."""
+        with self._bulk_merge_lock:
             yield
 
     def __enter__(self) -> NodeStore:

@@ -8,6 +8,7 @@ import time
 import uuid
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -132,6 +133,26 @@ def test_read_returns_exactly_the_rows_of_the_range_in_the_storage_layout(store,
         assert table.schema == storage_schema(spec)
         assert [canonical_row(r) for r in table.to_pylist()] == [canonical_row(layout_of(spec, r)) for r in expected]
         assert bulk.count_in_range(store, spec, *bounds, include_tombstones=include_tombstones) == len(expected)
+    finally:
+        store.drop_table(spec.table_id)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(stored_rows(), max_size=12), bounds=st.sampled_from([(MIN_TOKEN, MAX_TOKEN), (-5, 0), (-4, -1)]))
+def test_a_staged_range_is_the_read_range_as_a_parquet_file(store, tmp_path_factory, rows, bounds):
+    spec = new_table(store)
+    path = tmp_path_factory.mktemp("staged") / "range.parquet"
+    try:
+        for row in rows:
+            store.apply(spec.table_id, [row])
+        expected = bulk.read_token_range(store, spec, *bounds)
+        assert bulk.stage_token_range(store, spec, *bounds, path) == expected.num_rows
+        if expected.num_rows == 0:
+            assert not path.exists()
+            return
+        staged = pq.read_table(path)
+        assert staged.schema == storage_schema(spec)
+        assert [canonical_row(r) for r in staged.to_pylist()] == [canonical_row(r) for r in expected.to_pylist()]
     finally:
         store.drop_table(spec.table_id)
 

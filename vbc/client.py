@@ -381,7 +381,7 @@ def view_status(addr_or_addrs, view: str, timeout: float = 10.0) -> dict:
     return found
 
 
-def wait_built(addr_or_addrs, view: str, timeout: float, poll: float = 0.25,
+def wait_built(addr_or_addrs, view: str, timeout: float, poll: float = 0.1,
                on_progress: Callable[[dict], None] | None = None) -> dict:
     """Wait until `view` is BUILT; its last status. TimeoutError (with the progress) when `timeout` passes."""
     deadline = time.monotonic() + timeout

@@ -7,22 +7,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import DataFrame
 
 from common.injection import Injections
 from coordinator.core.errors import NotFound
 from coordinator.core.schema import Replica, Table, Task
 from coordinator.core.tokens import tablet_range
 from replica.rows import storage_spec
-from storage import bulk
 from storage.store import NodeStore
 
 from worker.executor import BatchCancelled, BatchControl
 from worker.spark_session import NodeSpark
-from worker.spark_views import compute_view_rows, staged_frame
+from worker.spark_views import compute_view_rows, staged_token_range
 from worker.tasks import StartBatch
 
 log = logging.getLogger(__name__)
@@ -99,23 +100,23 @@ class BuildJob:
         plan = self._read_state(lambda s: build_plan(s, control.live_tasks(), self._node_id))
         self._wait_writes_before(plan.schema_version)
         started = time.perf_counter()
-        rows = bulk.read_token_range(self._store, storage_spec(plan.base), plan.first_token, plan.last_token)
-        read = time.perf_counter() - started
-        self.stats.add(tablet_scans=1, rows_scanned=rows.num_rows, read_seconds=read)
-        if rows.num_rows:
-            spark, merge = self._build(plan, rows, control)
-            self.stats.add(spark_seconds=spark, merge_seconds=merge)
-            log.info("batch %d: %s tablet %d, %d rows for %d view(s): read %.2fs, spark %.2fs, merge %.2fs",
-                     start.batch_id, plan.base.qualified_name, start.tasks[0].tablet_id, rows.num_rows,
-                     len(plan.views), read, spark, merge)
+        with staged_token_range(self._spark, self._store, storage_spec(plan.base), plan.first_token,
+                                plan.last_token) as (rows, frame):
+            read = time.perf_counter() - started
+            self.stats.add(tablet_scans=1, rows_scanned=rows, read_seconds=read)
+            if rows:
+                spark, merge = self._build(plan, frame, control)
+                self.stats.add(spark_seconds=spark, merge_seconds=merge)
+                log.info("batch %d: %s tablet %d, %d rows for %d view(s): read %.2fs, spark %.2fs, merge %.2fs",
+                         start.batch_id, plan.base.qualified_name, start.tasks[0].tablet_id, rows,
+                         len(plan.views), read, spark, merge)
         self._injections.hit("worker_pause_before_finish")
-        return rows.num_rows
+        return rows
 
-    def _build(self, plan: BuildPlan, rows: pa.Table, control: BatchControl) -> tuple[float, float]:
+    def _build(self, plan: BuildPlan, frame: Callable[[], DataFrame], control: BatchControl) -> tuple[float, float]:
         """Compute and deliver every view's rows; (seconds in Spark, seconds merging)."""
         started = time.perf_counter()
-        with staged_frame(self._spark, rows) as frame:
-            per_view = compute_view_rows(frame, plan.base, plan.views)
+        per_view = compute_view_rows(frame(), plan.base, plan.views)
         self.stats.add(spark_jobs=1)
         computed = time.perf_counter()
         for view in plan.views:
@@ -126,8 +127,18 @@ class BuildJob:
         return computed - started, time.perf_counter() - computed
 
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
-        for replica, part in by_destination(view_rows, plan.view_replicas[view.id], plan.pair).items():
+        """Merge the view's rows at every destination replica, the destinations at once (each merge mostly waits:
+        on a peer, or on this node's merging child process); the first error once all of them ended."""
+        parts = by_destination(view_rows, plan.view_replicas[view.id], plan.pair)
+        if len(parts) == 1:
+            (replica, part), = parts.items()
             self._merge_view_rows(replica, view, plan.schema_version, part)
+            return
+        with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="view-rows") as pool:
+            merges = [pool.submit(self._merge_view_rows, replica, view, plan.schema_version, part)
+                      for replica, part in parts.items()]
+        for merge in merges:
+            merge.result()
 
 
 def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...], pair: int) -> dict[Replica, pa.Table]:
