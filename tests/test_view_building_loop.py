@@ -306,6 +306,7 @@ def test_after_a_term_change_late_replies_are_ignored_and_a_new_loop_picks_up_fr
     assert {c.term for c in group0.commands_of(FinishViewBuildingTasks)} == {2}
     assert group0.commands_of(FinishViewBuildingTasks, "loop-old") == []
     assert {term for *_, term in workers.calls[len(old_calls):]} == {2}
+    new.wait_rounds()  # metrics are published at the end of a round
     assert new.metric("vbc_view_building_tasks_finished_total") == 16
 
 

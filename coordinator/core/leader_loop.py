@@ -138,7 +138,7 @@ Instruction = SendBatch | ProposeCommand | WakeAt | Log | DispatchPaused
 @dataclass(frozen=True)
 class LoopConfig:
     backoff: Backoff = field(default_factory=Backoff)
-    flush_interval: float = 0.2  # finished ids wait at most this long to be removed in one command
+    flush_interval: float = 0.2  # while calls are out, finished ids wait at most this long to go in one command
     leader_recheck: float = 0.5  # how often a loop that does not lead looks again
     pause_recheck: float = 0.1  # how often a paused dispatch looks again
 
@@ -281,8 +281,8 @@ class LeaderLoop:
     def _flush(self, state: Group0State) -> None:
         if any(isinstance(c, FinishViewBuildingTasks) for c in self.proposing):
             return
-        if self.pending and self._next_flush is not None and self._now < self._next_flush:
-            return
+        if self.pending and self.in_flight and self._next_flush is not None and self._now < self._next_flush:
+            return  # more answers are coming: they go in the same command (with no call out, nothing is to wait for)
         if not self.pending and self._settled_at == self._index:
             return
         command = planner.plan_flush(state, self.term, self.pending.keys(), self.pending)
