@@ -17,10 +17,13 @@ from worker.spark_views import compute_view_rows, staged_frame
 log = logging.getLogger(__name__)
 
 WARMUP_ROWS = 300
-# Runs of the warm-up job. Measured on 2 cores (local[2], the default JVM options), a first real job of 100,000 rows
-# (two views) in a fresh JVM: 4.1-4.4 s without warm-up; 0.7-1.6 s (median 1.15) after one run; 0.8-1.0 s (median
-# 0.86) after two; 0.8-1.2 s after three; later jobs 0.55-0.8 s. The first run takes 3.6-6.9 s, the second 0.3-0.7 s.
-WARMUP_RUNS = 2
+# The rows of each warm-up run. A first run pays the session's fixed first-job costs (classes loaded, Catalyst and
+# the code generator compiled: 3.6-6.9 s on 2 cores), a second one of 20,000 rows runs the per-row paths (Parquet
+# reader, generated code, Arrow writer) often enough for the JIT to compile them. Measured on 2 cores, a first real
+# job of 100,000 rows (two views) in a fresh JVM took 4.1-4.4 s without warm-up and 0.8-1.0 s after two 300-row
+# runs; on 3 nodes RF 3, the first build of 1,000,000 rows used 10.4 CPU-seconds of the JVMs after runs of 300 and
+# 20,000 rows against 13.9 after two of 300 (wall 12.9 s against 16.3 s).
+WARMUP_RUNS = (WARMUP_ROWS, 20_000)
 
 BASE = Table("00000000000000000000000000000b00", "vbc_warmup", "base",
              (Column("id", "int"), Column("seq", "bigint"), Column("amount", "double"), Column("flag", "boolean"),
@@ -62,16 +65,17 @@ def run_view_job(spark: NodeSpark, rows: pa.Table) -> dict[str, pa.Table]:
         return compute_view_rows(frame, BASE, VIEWS)
 
 
-def warm_up(spark: NodeSpark, stopping: threading.Event | None = None, runs: int = WARMUP_RUNS) -> list[float]:
-    """Run the warm-up job `runs` times (no further run once `stopping` is set); the seconds each run took."""
-    rows = warmup_rows()
+def warm_up(spark: NodeSpark, stopping: threading.Event | None = None,
+            runs: tuple[int, ...] = WARMUP_RUNS) -> list[float]:
+    """Run the warm-up job once per entry of `runs` (its rows), none once `stopping` is set; the seconds of each."""
     seconds = []
-    for _ in range(runs):
+    for count in runs:
         if stopping is not None and stopping.is_set():
             break
+        rows = warmup_rows(count)
         started = time.perf_counter()
         run_view_job(spark, rows)
         seconds.append(time.perf_counter() - started)
-    log.info("spark warm-up: %d job(s) of %d rows in %s s", len(seconds), rows.num_rows,
+    log.info("spark warm-up: %d job(s) of %s rows in %s s", len(seconds), ", ".join(f"{n:,}" for n in runs),
              ", ".join(f"{s:.2f}" for s in seconds))
     return seconds
