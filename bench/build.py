@@ -19,6 +19,10 @@ the storage layout (bench/bulk.py), the median of `--baseline-runs` builds into 
 ours / baseline; 3 nodes are compared with one baseline build. The per-phase seconds (read, Spark, merge, summed
 over batches and shards) come from `vbc status`.
 
+A driver JVM starts from the machine's Spark class-data archive once a node has made it (worker/spark_class_cache.py:
+in the background after a node's first warm-up, once per machine, Spark and Java): each figure says whether the
+archive was there when its cluster started. A machine's very first cluster starts without it.
+
 `--direct` measures the former variant instead, labelled as such: rows written straight into each replica's
 store and every node's Spark warmed by a 10-row view first (a case no user meets).
 `--skip-coordination` skips the coordination figure: a view over an empty table of 256 tablets, RF 3 on 3 nodes
@@ -48,6 +52,7 @@ from storage.cells import TableSpec  # noqa: E402
 from storage.store import NodeStore, physical_table_name  # noqa: E402
 from vbc import client  # noqa: E402
 from vbc import cluster as cluster_mod  # noqa: E402
+from worker.spark_class_cache import cache_directory  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VIEW = ("CREATE MATERIALIZED VIEW b.mv AS SELECT * FROM b.tab "
@@ -111,6 +116,7 @@ def user_path(tmp: Path, name: str, nodes: int, rows_file: Path, shards: int, se
     """A fresh cluster, the rows loaded with `vbc load`, the view created `settle` s after the cluster started
     (at once when 0); the seconds from CREATE to BUILT and the per-phase seconds of the build."""
     data_dir = tmp / name
+    archived = class_archive_present()
     started = time.monotonic()
     vbc("cluster", "up", "--nodes", str(nodes), "--data-dir", str(data_dir), "--shards", str(shards), "--detach")
     try:
@@ -129,8 +135,13 @@ def user_path(tmp: Path, name: str, nodes: int, rows_file: Path, shards: int, se
     finally:
         cluster_mod.stop_cluster(data_dir)
     view = next(v for v in status["views"] if v["name"] == "b.mv")
-    return {"seconds": seconds, "load_seconds": loaded, "rows_done": view["rows_done"],
+    return {"seconds": seconds, "load_seconds": loaded, "rows_done": view["rows_done"], "archived": archived,
             "tasks": view["tasks_total"], "phases": phases(status), "batches": batch_lines(data_dir)}
+
+
+def class_archive_present() -> bool:
+    directory = cache_directory()
+    return directory is not None and any(directory.glob("*.jsa"))
 
 
 def phases(status: dict) -> dict[str, float]:
@@ -229,6 +240,8 @@ def report(label: str, result: dict, base_seconds: float, rows: int, copies: int
     assert result["rows_done"] == rows * copies, (label, result["rows_done"], rows * copies)
     ratio = result["seconds"] / base_seconds
     loaded = f", loaded in {result['load_seconds']:.1f} s" if "load_seconds" in result else ""
+    if "archived" in result:
+        loaded += f", JVM class-data archive {'present' if result['archived'] else 'absent'}"
     print(f"{label}: {result['tasks']} tasks{loaded}; CREATE -> BUILT {result['seconds']:.2f} s, "
           f"{rows * copies / result['seconds']:,.0f} rows/s; ratio {ratio:.2f} (target <= {target:g})")
     if result.get("phases"):

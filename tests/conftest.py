@@ -1,5 +1,11 @@
-"""Fixtures shared by the storage tests: a throwaway PostgreSQL server and a store URL for each engine."""
+"""Fixtures shared by the storage tests: a throwaway PostgreSQL server and a store URL for each engine.
+
+The Spark class-data archive is off for every test (and the node processes they start) unless a test names a
+directory of its own: making one costs 30-40 CPU-seconds, which would land in the middle of unrelated tests.
+"""
 from __future__ import annotations
+
+import os
 
 import pytest
 import sqlalchemy as sa
@@ -7,6 +13,8 @@ import sqlalchemy as sa
 from storage.store import NodeStore
 
 from .postgres import create_database, drop_database, throwaway_postgres
+
+os.environ.setdefault("VBC_SPARK_CLASS_CACHE", "off")
 
 
 @pytest.fixture(scope="module")

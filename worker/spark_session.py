@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.spark_class_cache import ClassCache, cache_directory
+
 log = logging.getLogger(__name__)
 jvm_log = logging.getLogger(__name__ + ".jvm")
 
@@ -66,6 +68,7 @@ class SparkConfig:
     jvm_log_level: str = "WARN"
     java_options: str = DEFAULT_JAVA_OPTIONS
     extra: tuple[tuple[str, str], ...] = ()
+    class_cache: str | None = None  # the class-data archive's directory, "off", or None: VBC_SPARK_CLASS_CACHE/default
 
     @property
     def spark_dir(self) -> Path | None:
@@ -80,7 +83,7 @@ class SparkConfig:
         return None if self.spark_dir is None else self.spark_dir / "logs"
 
 
-def spark_conf(config: SparkConfig, log4j_file: Path) -> dict[str, str]:
+def spark_conf(config: SparkConfig, log4j_file: Path, class_cache_option: str = "") -> dict[str, str]:
     """The Spark properties a node's session starts with."""
     conf = {
         "spark.master": config.master,
@@ -94,7 +97,8 @@ def spark_conf(config: SparkConfig, log4j_file: Path) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.caseSensitive": "true",  # quoted CQL names keep their case: "X" and x are two columns
         "spark.driver.extraJavaOptions": " ".join(
-            option for option in (f"-Dlog4j2.configurationFile={log4j_file.as_uri()}", config.java_options) if option),
+            option for option in (f"-Dlog4j2.configurationFile={log4j_file.as_uri()}", config.java_options,
+                                  class_cache_option) if option),
     }
     if config.master.startswith("local"):
         conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
@@ -145,6 +149,8 @@ class _Jvm:
         self.owners = 0
         self.proc: subprocess.Popen | None = None
         self.owns_context = False
+        self.class_cache: ClassCache | None = None
+        self.java_options = ""
 
     def acquire(self, config: SparkConfig):
         with self.lock:
@@ -173,8 +179,14 @@ class _Jvm:
         started = time.monotonic()
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every gateway connection at INFO
-        conf = SparkConf(loadDefaults=False).setAll(list(spark_conf(config, _write_log4j_config(config)).items()))
-        if SparkContext._gateway is None:
+        launching = SparkContext._gateway is None
+        self.java_options = config.java_options
+        self.class_cache = ClassCache.for_jvm(cache_directory(config.class_cache), config.java_options) \
+            if launching and config.master.startswith("local") else None
+        cache_option = self.class_cache.java_options() if self.class_cache else ""
+        conf = SparkConf(loadDefaults=False).setAll(
+            list(spark_conf(config, _write_log4j_config(config), cache_option).items()))
+        if launching:
             self._launch(conf)
         else:
             log.warning("a Spark driver JVM already runs in this process: using it (its memory and log settings)")
@@ -183,6 +195,16 @@ class _Jvm:
         log.info("spark session started (master %s, driver memory %s) in %.1f s",
                  config.master, config.driver_memory, time.monotonic() - started)
         return session
+
+    def make_class_archive(self, stopping: threading.Event) -> bool:
+        """Make the class-data archive from this JVM's class list, if it listed its classes (see
+        worker.spark_class_cache); whether one was made."""
+        with self.lock:
+            cache, session = self.class_cache, self.session
+        if cache is None or session is None:
+            return False
+        classpath = session._jvm.java.lang.System.getProperty("java.class.path")
+        return cache.make_archive(classpath, self.java_options, stopping)
 
     def _launch(self, conf) -> None:
         """Start the driver JVM with its output piped into `jvm_log`, as the process's Spark gateway.
@@ -323,9 +345,17 @@ class NodeSpark:
             log.warning("the Spark warm-up failed; the session is used as it is", exc_info=True)
             warm_up_error = f"warm-up failed: {error_text(error)}"
         with self._lock:
-            if self._session is not None and not self._stopping.is_set():
-                self.state = SparkState(SPARK_READY, warm_up_error, time.monotonic() - started)
-                log.info("spark session ready (started and warmed up in %.1f s)", self.state.start_seconds)
+            if self._session is None or self._stopping.is_set():
+                return
+            self.state = SparkState(SPARK_READY, warm_up_error, time.monotonic() - started)
+            log.info("spark session ready (started and warmed up in %.1f s)", self.state.start_seconds)
+        self._make_class_archive()
+
+    def _make_class_archive(self) -> None:
+        try:
+            _JVM.make_class_archive(self._stopping)
+        except Exception:  # noqa: BLE001 - the next JVMs start without the archive, as this one did
+            log.warning("making the spark class-data archive failed", exc_info=True)
 
     def _open(self, state_once_started: str):
         with self._lock:

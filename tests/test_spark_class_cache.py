@@ -1,0 +1,70 @@
+"""The Spark driver's class-data archive: where it lives, how a JVM uses or lists for it, one maker at a time."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from worker import spark_class_cache as cc
+from worker.spark_session import NodeSpark, SparkConfig
+from worker.spark_warmup import warm_up
+
+
+def test_the_directory_comes_from_the_config_then_the_environment_and_off_disables_it(tmp_path, monkeypatch):
+    monkeypatch.delenv(cc.ENVIRONMENT_VARIABLE, raising=False)
+    assert cc.cache_directory() == cc.DEFAULT_DIRECTORY
+    monkeypatch.setenv(cc.ENVIRONMENT_VARIABLE, str(tmp_path))
+    assert cc.cache_directory() == tmp_path
+    assert cc.cache_directory("off") is None and cc.cache_directory("") is None
+    monkeypatch.chdir(tmp_path)
+    assert cc.cache_directory("relative") == tmp_path / "relative"
+
+
+def test_a_jvm_lists_its_classes_until_an_archive_exists_then_starts_from_it(tmp_path):
+    cache = cc.ClassCache.for_jvm(tmp_path / "classes", "-XX:+UseParallelGC")
+    assert cache is not None, "the tests need Java"
+    assert cache.java_options() == f"-XX:DumpLoadedClassList={cache.class_list}"
+    assert cache.class_list.parent.is_dir()
+    cache.archive.write_bytes(b"")
+    assert cache.java_options() == f"-XX:SharedArchiveFile={cache.archive}"
+    other = cc.ClassCache.for_jvm(tmp_path / "classes", "")
+    assert other.archive != cache.archive, "other JVM options, another archive"
+
+
+def test_one_process_makes_the_archive_and_a_stale_lock_is_taken_over(tmp_path):
+    cache = cc.ClassCache.for_jvm(tmp_path, "")
+    cache.java_options()
+    cache.class_list.write_text("java/lang/Object\n")
+    cache.lock.touch()
+    assert not cache.make_archive("", "", threading.Event()), "another process holds the lock"
+    assert not cache.class_list.exists(), "the list is dropped: that process makes the archive"
+    assert cache._take_lock() is False
+    old = time.time() - cc.STALE_LOCK_SECONDS - 1
+    os.utime(cache.lock, (old, old))
+    assert cache._take_lock() is True
+
+
+@pytest.mark.integration
+def test_a_node_makes_the_archive_after_its_warm_up_and_the_next_jvm_starts_from_it(tmp_path):
+    config = SparkConfig(master="local[1]", data_dir=str(tmp_path / "node"), class_cache=str(tmp_path / "classes"))
+    cache = cc.ClassCache.for_jvm(tmp_path / "classes", config.java_options)
+    first = NodeSpark(config)
+    try:
+        first.prestart(lambda spark, stopping: warm_up(spark, stopping, runs=(50,)))
+        deadline = time.monotonic() + 600
+        while not cache.archive.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert cache.archive.exists(), first.state
+        assert not cache.lock.exists() and not cache.class_list.exists()
+    finally:
+        first.stop()
+    second = NodeSpark(config)
+    try:
+        session = second.session()
+        arguments = session._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+        assert f"-XX:SharedArchiveFile={cache.archive}" in list(arguments)
+        assert warm_up(second, runs=(20,))
+    finally:
+        second.stop()
