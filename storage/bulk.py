@@ -72,6 +72,10 @@ from .upsert import last_write_wins_sql, physical_table_name, quote
 
 DEFAULT_BATCH_ROWS = 65_536
 DEFAULT_CHUNK_ROWS = 100_000
+# Row groups of a staged range: Spark splits a file only between row groups, so a 125,000-row range in two runs as
+# two tasks, on both cores when the other shard leaves one idle (view job on 125,000 rows: 0.24-0.28 s against
+# 0.25-0.35 s in one row group).
+STAGED_ROW_GROUP_ROWS = 65_536
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_MERGE_CACHE_KIB = 65_536
 SQLITE_IDLE_CHILDREN = 2  # idle child processes kept for the ADBC SQLite work (see storage.adbc_pool)
@@ -275,7 +279,8 @@ def _stage_snapshot(backend: _Backend, sql: str, params: tuple, batch_rows: int,
     """Read the range (`_read_snapshot`) and write it to `path` as an uncompressed Parquet file in the storage
     layout; the number of rows written."""
     rows = _as_storage_schema(_read_snapshot(backend, sql, params, batch_rows), schema)
-    pq.write_table(rows, path, compression="none", use_dictionary=False, write_statistics=False)
+    pq.write_table(rows, path, compression="none", use_dictionary=False, write_statistics=False,
+                   row_group_size=STAGED_ROW_GROUP_ROWS)
     return rows.num_rows
 
 
