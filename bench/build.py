@@ -26,7 +26,7 @@ archive was there when its cluster started. A machine's very first cluster start
 `--direct` measures the former variant instead, labelled as such: rows written straight into each replica's
 store and every node's Spark warmed by a 10-row view first (a case no user meets).
 `--skip-coordination` skips the coordination figure: a view over an empty table of 256 tablets, RF 3 on 3 nodes
-(768 tasks), seconds per task.
+(768 tasks), seconds per task, once every node's Spark session is ready.
 """
 from __future__ import annotations
 
@@ -217,10 +217,22 @@ def _hwm(pid: int) -> int:
 # ------------------------------------------------------------------ coordination
 
 
+def wait_spark_ready(addresses: list[str], timeout: float = 300.0) -> None:
+    """Until every node's Spark session finished starting (the coordination figure is not about JVM starts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        workers = [node.get("worker") or {} for node in client.status(addresses)["nodes"]]
+        if all(w.get("spark_state") in ("ready", "failed", "off") for w in workers):
+            return
+        time.sleep(0.5)
+    raise TimeoutError("the nodes' Spark sessions did not get ready")
+
+
 def bench_coordination(tmp: Path, tablets: int, shards: int) -> dict:
     data_dir = tmp / "coordination"
     addresses = [n["grpc"] for n in cluster_mod.start_cluster(data_dir, nodes=3, shards=shards)["nodes"]]
     try:
+        wait_spark_ready(addresses)
         client.execute(addresses, f"CREATE KEYSPACE b WITH replication = {{'rf': 3}} AND tablets = {{'initial': {tablets}}}")
         client.execute(addresses, "CREATE TABLE b.tab (key int, c int, v text, PRIMARY KEY (key, c))")
         started = time.perf_counter()

@@ -7,8 +7,8 @@ connection deletes the WAL under the store's open sqlite3 connections (seen here
 processes the two copies lock each other like any two processes. So every ADBC use of the node's SQLite files
 runs in a child process of this pool, never in the node's process.
 
-A child imports the served module (`served_module`, e.g. `storage.bulk`) and answers calls by name from its
-`CHILD_FUNCTIONS` dict; requests and answers are length-prefixed pickles on the child's pipes. Plain
+A child imports the served module (`served_module`, e.g. `storage.bulk`), runs its `CHILD_WARM_UP` function if it
+has one, and answers calls by name from its `CHILD_FUNCTIONS` dict; requests and answers are length-prefixed pickles on the child's pipes. Plain
 subprocesses rather than multiprocessing: spawn would re-run the parent's __main__ script.
 """
 from __future__ import annotations
@@ -140,11 +140,23 @@ def _portable(error: Exception) -> Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
+def _warm_up(warm_up) -> None:
+    """Run the served module's CHILD_WARM_UP, if any, before the first request (a failure only leaves it cold)."""
+    if warm_up is None:
+        return
+    try:
+        warm_up()
+    except Exception as error:  # noqa: BLE001
+        print(f"the child's warm-up failed: {error}", file=sys.stderr)
+
+
 def serve(served_module: str) -> None:
     """The child's loop: answer requests on stdin until it closes (the parent exited or shut the pool down)."""
-    functions = importlib.import_module(served_module).CHILD_FUNCTIONS
+    module = importlib.import_module(served_module)
+    functions = module.CHILD_FUNCTIONS
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the answers
+    _warm_up(getattr(module, "CHILD_WARM_UP", None))
     while True:
         try:
             name, args = _receive(requests)

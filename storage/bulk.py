@@ -161,9 +161,21 @@ atexit.register(_SQLITE_CHILDREN.shutdown)
 
 def prestart_children(store: NodeStore, count: int) -> None:
     """Start `count` idle child processes for a SQLite store's data plane now (PostgreSQL's work runs in the
-    calling thread: nothing to start); a node calls it at start with the number of batches it runs at once."""
+    calling thread: nothing to start; each child warms up as it starts, `_child_warm_up`); a node calls it at
+    start with the number of batches it runs at once."""
     if store.url.get_backend_name() == "sqlite":
         _SQLITE_CHILDREN.prestart(count)
+
+
+def _child_warm_up() -> int:
+    """(In a child process) load the ADBC driver and the Parquet writer on an in-memory database (never the
+    node's files): a child's first range read and staging took 0.2 s against 0.11 s for the next ones."""
+    with _connect(_Backend(True, ":memory:")) as conn:
+        cursor = conn.cursor()
+        cursor.execute("SELECT 1 AS one")
+        rows = cursor.fetch_arrow_table()
+    pq.write_table(rows, pa.BufferOutputStream(), compression="none", use_dictionary=False, write_statistics=False)
+    return rows.num_rows
 
 
 def shutdown() -> None:
@@ -508,10 +520,10 @@ def merge_view_rows(store: NodeStore, view_spec: TableSpec, rows: pa.Table, *,
         return 0
     prepared = prepare_view_rows(view_spec, rows)
     prepare_chunk, merge_chunk = _chunk_merger(view_spec, _backend(store))
+    payloads = [prepare_chunk(chunk) for chunk in prepared.to_batches(max_chunksize=max(1, chunk_rows))]
     changed = 0
-    with store.bulk_merge_turn():
-        for chunk in prepared.to_batches(max_chunksize=max(1, chunk_rows)):
-            payload = prepare_chunk(chunk)
+    with store.bulk_merge_turn():  # prepared while another merge has the turn
+        for payload in payloads:
             with store.writer_lock():
                 changed += merge_chunk(payload)
     return changed
@@ -525,4 +537,5 @@ def _child_merge(backend: _Backend, sql: str, params: bytes) -> int:
     return _merge_sqlite(backend, sql, _from_ipc(params))
 
 
-CHILD_FUNCTIONS = {"read": _child_read, "stage": _stage_snapshot, "merge": _child_merge}  # what a child process answers (storage.adbc_pool)
+CHILD_FUNCTIONS = {"read": _child_read, "stage": _stage_snapshot, "merge": _child_merge}
+CHILD_WARM_UP = _child_warm_up  # what a child process answers (storage.adbc_pool)

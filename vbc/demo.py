@@ -28,6 +28,7 @@ INDEX = "demo.orders_status_idx"
 KILL_AT_PROGRESS = 0.3  # the leader is killed once the slower build passed this
 POLL = 0.5
 SETTLE_TIMEOUT = 60.0
+SPARK_READY_TIMEOUT = 180.0
 
 TABLE_SCHEMA = [
     "CREATE KEYSPACE demo WITH replication = {'rf': 3} AND tablets = {'initial': 8}",
@@ -109,6 +110,28 @@ def load(addresses: list[str], rows: int) -> float:
     seconds = time.monotonic() - started
     note(f"{rows:,} rows in {seconds:.1f} s ({rows / seconds:,.0f} rows/s)")
     return seconds
+
+
+def wait_spark_ready(addresses: list[str]) -> float:
+    """Wait until every node's Spark session is ready (each node starts it in the background when it starts);
+    the seconds waited here."""
+    step("waiting for every node's Spark session (each node starts and warms it up in the background)")
+    started = time.monotonic()
+    with console.status("Spark starting ...") as spinner:
+        while True:
+            nodes = client.status(addresses)["nodes"]
+            workers = {node["id"]: node.get("worker") or {} for node in nodes}
+            if all(w.get("spark_state") in ("ready", "failed", "off") for w in workers.values()):
+                break
+            if time.monotonic() - started > SPARK_READY_TIMEOUT:
+                note(f"not every session is ready after {SPARK_READY_TIMEOUT:g} s; building anyway", style="yellow")
+                break
+            spinner.update(", ".join(f"{node}: {w.get('spark_state', '?')}" for node, w in workers.items()))
+            time.sleep(POLL)
+    waited = time.monotonic() - started
+    note(", ".join(f"{node}: {w.get('spark_state')} ({w.get('spark_start_s', 0):.1f} s after its start)"
+                   for node, w in workers.items()) + f"; waited {waited:.1f} s after the load")
+    return waited
 
 
 # ------------------------------------------------------------------ the writer
@@ -286,6 +309,7 @@ def run_demo(args: argparse.Namespace, data_dir: Path) -> bool:
     step("creating the table")
     run_statements(addresses, TABLE_SCHEMA)
     load_seconds = load(addresses, args.rows)
+    wait_spark_ready(addresses)
     writer = Writer(addresses, args.rows)
     step("starting a writer: inserts, updates that move view rows, deletes")
     writer.start()
