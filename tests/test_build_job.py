@@ -93,3 +93,18 @@ def test_a_tablet_without_rows_finishes_without_a_spark_job(tmp_path):
         task = next(iter(schema.state.tasks.values()))
         assert job(StartBatch(1, 0, 1, (task,)), BatchControl({task.id: task})) == 0
         assert job.stats.spark_jobs == 0 and job.stats.tablet_scans == 1
+
+
+
+def test_a_batch_whose_rows_have_no_view_row_finishes_with_nothing_to_merge(tmp_path, spark):
+    """Live base rows without the view's key column (v is NULL) give no view row, so no destination at all."""
+    schema = cluster_state(nodes=("n1",), rf=1, tablets=1, with_view=True)
+    with NodeStore.for_data_dir(tmp_path / "n1") as store:
+        store.ensure_table(storage_spec(schema.table))
+        store.apply(schema.table_id, [upsert_row(schema.table, {"key": i, "c": i, "v": None}, ts=10 + i)
+                                      for i in range(20)])
+        job = BuildJob("n1", store, spark, lambda fn: fn(schema.state), lambda _version: None,
+                       _merge_into({"n1": store}), Injections())
+        task = next(iter(schema.state.tasks.values()))
+        assert job(StartBatch(1, 0, 1, (task,)), BatchControl({task.id: task})) == 20
+        assert job.stats.spark_jobs == 1

@@ -130,6 +130,8 @@ class BuildJob:
         """Merge the view's rows at every destination replica, the destinations at once (each merge mostly waits:
         on a peer, or on this node's merging child process); the first error once all of them ended."""
         parts = by_destination(view_rows, plan.view_replicas[view.id], plan.pair)
+        if not parts:
+            return  # no base row of the batch has a row in this view
         if len(parts) == 1:
             (replica, part), = parts.items()
             self._merge_view_rows(replica, view, plan.schema_version, part)
