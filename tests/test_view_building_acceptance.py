@@ -219,7 +219,8 @@ def worker_stats(cluster: LocalCluster, node_id: str | None = None) -> dict:
     totals: dict[str, int] = {}
     for node in nodes:
         for name, value in node["worker"].items():
-            totals[name] = totals.get(name, 0) + value
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                totals[name] = totals.get(name, 0) + value
     return totals
 
 
