@@ -8,6 +8,7 @@ from typing import Protocol
 
 from common.replica_messages import ScanPage, ScannedRow, ScanRequest
 from coordinator.core.errors import CoreError, NotFound, Unavailable
+from coordinator.core.migrations import read_replicas
 from coordinator.core.schema import Replica, Table
 from coordinator.core.tokens import tablet_of, tablet_range
 from coordinator.core.types import sort_key
@@ -36,19 +37,19 @@ class ReadCoordinator:
         With `partitions` (partition key values), only those partitions are read; otherwise every tablet.
         `limit` caps the rows read from each tablet or partition (the caller still applies its own limit).
         """
-        tablet_map = self._read_state(lambda s: s.tablets.get(table.id))
-        if tablet_map is None:
+        layout = self._read_state(lambda s: read_layout(s, table.id))
+        if layout is None:
             raise NotFound(f"{table.qualified_name} was dropped while this read was being prepared")
-        count = tablet_map.tablet_count
+        count = len(layout)
         if partitions is None:
             streams = [self._tablet_rows(ScanRequest(table.id, *tablet_range(i, count), limit=limit), replicas)
-                       for i, replicas in enumerate(tablet_map.replicas)]
+                       for i, replicas in enumerate(layout)]
         else:
             streams = []
             for key in partitions:
                 token = partition_token(table, dict(zip(table.partition_key, key)))
                 request = ScanRequest(table.id, token, token, partition_key=tuple(key), limit=limit)
-                streams.append(self._tablet_rows(request, tablet_map.replicas[tablet_of(token, count)]))
+                streams.append(self._tablet_rows(request, layout[tablet_of(token, count)]))
         return merge_by_primary_key(table, streams)
 
     def _tablet_rows(self, request: ScanRequest, replicas: tuple[Replica, ...]) -> Iterator[ScannedRow]:
@@ -73,6 +74,16 @@ class ReadCoordinator:
         if node == self.node_id:
             return self._local.scan(request)
         return self._transport.scan(node, request)
+
+
+def read_layout(state, table_id: str) -> tuple[tuple[Replica, ...], ...] | None:
+    """The replicas a read may use, per tablet (a moving tablet's pending replica once reads switched to it)."""
+    tablet_map = state.tablets.get(table_id)
+    if tablet_map is None:
+        return None
+    if not state.transitions:
+        return tablet_map.replicas
+    return tuple(read_replicas(state, table_id, tablet) for tablet in range(tablet_map.tablet_count))
 
 
 def _prefer_local(replicas: tuple[Replica, ...], node_id: str) -> list[Replica]:

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from common.arrow_tokens import tablets_of, tokens_of
 from common.replica_messages import RowBatch
+from coordinator.core.migrations import is_filling, position_targets
 from coordinator.core.schema import Filter, Replica, Table
 from coordinator.core.tokens import tablet_range
 from storage.arrow_layouts import arrow_type, mutation_schema, ts_column_name, value_column_name
@@ -165,27 +166,34 @@ def _array(column) -> pa.Array:
 
 
 def _pairs(context: WriteContext, node_id: str, tokens: np.ndarray) -> np.ndarray:
-    """This node's position among the replicas of each row's base tablet."""
+    """This node's position among the replicas of each row's base tablet; -1 where this node is a pending replica
+    still being filled (it makes no view updates there: `replica.view_updates`)."""
     count = len(context.base_replicas)
     tablets = tablets_of(tokens, count)
     positions = np.zeros(count, dtype=np.int64)
     for tablet in np.unique(tablets).tolist():
         positions[tablet] = pair_index(context, node_id, tablet_range(tablet, count)[0])
+        if is_filling(context.base_moves.get(tablet), node_id):
+            positions[tablet] = -1
     return positions[tablets]
 
 
 def _per_replica(context: WriteContext, view: Table, mutations: pa.Table,
                  pairs: np.ndarray) -> list[tuple[str, RowBatch]]:
     """The view mutations split by the view replica each goes to: the replica at position `pair` of the view
-    tablet owning the view row."""
+    tablet owning the view row (and its pending replica while that view tablet moves)."""
     view_map = context.view_replicas[view.id]
     tablets = tablets_of(mutations.column("token").to_numpy(), len(view_map))
     width = int(pairs.max(initial=0)) + 1
-    codes = tablets * width + pairs
+    codes = np.where(pairs < 0, -1, tablets * width + pairs)
     targets: dict[Replica, list[np.ndarray]] = {}
+    moves = context.view_moves.get(view.id, {})
     for code in np.unique(codes).tolist():
-        replica = view_map[code // width][code % width]
-        targets.setdefault(replica, []).append(np.flatnonzero(codes == code))
+        if code < 0:
+            continue
+        tablet, pair = divmod(code, width)
+        for replica in position_targets(view_map[tablet][pair], moves.get(tablet)):
+            targets.setdefault(replica, []).append(np.flatnonzero(codes == code))
     return [(replica.node, RowBatch(table_id=view.id, shard=replica.shard, rows=(),
                                     schema_version=context.schema_version,
                                     columns=mutations.take(np.sort(np.concatenate(rows)))))

@@ -1,14 +1,18 @@
 """The view updates of one base write: which view rows change, and which view replica each update goes to.
 
 Pairing: the base replica at position i of its tablet's replica list sends to the view replica at position i
-of the view tablet owning the view row, so every base replica feeds exactly one replica of each view row.
+of the view tablet owning the view row, so every base replica feeds exactly one replica of each view row. While a
+tablet moves (`coordinator.core.migrations`), its pending replica holds the leaving one's position: a moving base
+replica's pending node feeds the same view replica once its rows are complete, and an update for a moving view
+replica goes to the leaving and the pending one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.replica_messages import RowBatch
 from coordinator.core.errors import Unavailable
+from coordinator.core.migrations import TabletTransition, is_filling, position_in, position_targets, transitions_of_table
 from coordinator.core.schema import Replica, Table
 from coordinator.core.state import Group0State
 from coordinator.core.tokens import tablet_of
@@ -27,6 +31,8 @@ class WriteContext:
     views: tuple[Table, ...]
     base_replicas: tuple[tuple[Replica, ...], ...]
     view_replicas: dict[str, tuple[tuple[Replica, ...], ...]]
+    base_moves: dict[int, TabletTransition] = field(default_factory=dict)  # by base tablet
+    view_moves: dict[str, dict[int, TabletTransition]] = field(default_factory=dict)  # by view id, view tablet
 
 
 def write_context(state: Group0State, table_id: str) -> WriteContext | None:
@@ -36,15 +42,17 @@ def write_context(state: Group0State, table_id: str) -> WriteContext | None:
         return None
     views = tuple(state.views_of(table_id))
     return WriteContext(state.schema_version, table, views, state.tablets[table_id].replicas,
-                        {v.id: state.tablets[v.id].replicas for v in views})
+                        {v.id: state.tablets[v.id].replicas for v in views}, transitions_of_table(state, table_id),
+                        {v.id: transitions_of_table(state, v.id) for v in views})
 
 
 def pair_index(context: WriteContext, node_id: str, token: int) -> int:
-    """The position of `node_id` among the replicas of the base tablet owning `token`."""
-    replicas = context.base_replicas[tablet_of(token, len(context.base_replicas))]
-    for index, replica in enumerate(replicas):
-        if replica.node == node_id:
-            return index
+    """The position of `node_id` among the replicas of the base tablet owning `token` (a pending replica: the
+    leaving one's position)."""
+    tablet = tablet_of(token, len(context.base_replicas))
+    position = position_in(context.base_replicas[tablet], context.base_moves.get(tablet), node_id)
+    if position is not None:
+        return position
     raise Unavailable(f"node {node_id} is not a replica of the tablet owning token {token} of "
                       f"{context.table.qualified_name}; the writer's tablet map is stale, retry")
 
@@ -54,16 +62,26 @@ def view_updates(context: WriteContext, node_id: str, old: Row | None, new: Row)
 
     The view rows are written at `new.view_ts`, the replica-local version of this change of the base row.
     """
-    old_values, new_values = visible_row(context.table, old), visible_row(context.table, new)
     pair = pair_index(context, node_id, new.token)
-    return [_view_update(context, view, change, new.view_ts, pair)
+    if is_filling(context.base_moves.get(tablet_of(new.token, len(context.base_replicas))), node_id):
+        return []  # the leaving replica, whose rows are complete, makes them
+    old_values, new_values = visible_row(context.table, old), visible_row(context.table, new)
+    return [update
             for view in context.views
-            for change in view_changes(view, old_values, new_values)]
+            for change in view_changes(view, old_values, new_values)
+            for update in _view_update(context, view, change, new.view_ts, pair)]
 
 
-def _view_update(context: WriteContext, view: Table, change: ViewChange, ts: int, pair: int) -> tuple[str, RowBatch]:
+def _view_update(context: WriteContext, view: Table, change: ViewChange, ts: int,
+                 pair: int) -> list[tuple[str, RowBatch]]:
     row = delete_row(view, change.key, ts) if change.is_delete else upsert_row(view, change.values, ts)
-    view_map = context.view_replicas[view.id]
-    target = view_map[tablet_of(row.token, len(view_map))][pair]
-    return target.node, RowBatch(table_id=view.id, shard=target.shard, rows=(row,),
-                                 schema_version=context.schema_version)
+    return [(target.node, RowBatch(table_id=view.id, shard=target.shard, rows=(row,),
+                                   schema_version=context.schema_version))
+            for target in view_targets(context, view.id, row.token, pair)]
+
+
+def view_targets(context: WriteContext, view_id: str, token: int, pair: int) -> tuple[Replica, ...]:
+    """The view replicas an update of the view row at `token` from base position `pair` goes to."""
+    view_map = context.view_replicas[view_id]
+    tablet = tablet_of(token, len(view_map))
+    return position_targets(view_map[tablet][pair], context.view_moves.get(view_id, {}).get(tablet))

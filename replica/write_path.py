@@ -1,4 +1,5 @@
-"""The coordinating side of a write: route each row to every replica of its tablet (consistency ALL)."""
+"""The coordinating side of a write: route each row to every replica of its tablet (consistency ALL), the pending
+replica of a moving tablet included."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -12,6 +13,7 @@ from common.arrow_tokens import tablets_of
 from common.injection import Injections
 from common.replica_messages import RowBatch
 from coordinator.core.errors import CoreError, NotFound, Unavailable
+from coordinator.core.migrations import write_replicas
 from coordinator.core.schema import Table
 from coordinator.core.tokens import tablet_of
 from storage.cells import Row
@@ -103,7 +105,7 @@ def route(state, mutations: list[tuple[Table, Row]], timestamp: int) -> list[tup
         tablet_map = state.tablets.get(table.id)
         if tablet_map is None:
             raise NotFound(f"{table.qualified_name} was dropped while this write was being prepared")
-        for replica in tablet_map.replicas[tablet_of(row.token, tablet_map.tablet_count)]:
+        for replica in write_replicas(state, table.id, tablet_of(row.token, tablet_map.tablet_count)):
             grouped[(replica.node, table.id, replica.shard)].append(row)
     return [
         (node, RowBatch(table_id=table_id, shard=shard, rows=tuple(rows), timestamp=timestamp,
@@ -124,7 +126,7 @@ def route_columns(state, table: Table, mutations: pa.Table, timestamp: int) -> l
     ends = list(starts[1:]) + [len(order)]
     grouped: dict[tuple[str, int], list[np.ndarray]] = defaultdict(list)
     for tablet, start, end in zip(present.tolist(), starts.tolist(), ends):
-        for replica in tablet_map.replicas[tablet]:
+        for replica in write_replicas(state, table.id, tablet):
             grouped[(replica.node, replica.shard)].append(order[start:end])
     return [
         (node, RowBatch(table_id=table.id, shard=shard, rows=(), timestamp=timestamp,

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame
 
 from common.injection import Injections
 from coordinator.core.errors import NotFound
+from coordinator.core.migrations import TabletTransition, position_of, position_targets, transitions_of_table
 from coordinator.core.schema import Replica, Table, Task
 from coordinator.core.tokens import tablet_range
 from replica.rows import storage_spec
@@ -42,6 +43,7 @@ class BuildPlan:
     pair: int  # this replica's position among the base tablet's replicas: view replica `pair` is its partner
     view_replicas: dict[str, tuple[tuple[Replica, ...], ...]]
     schema_version: int
+    view_moves: dict[str, dict[int, TabletTransition]] = field(default_factory=dict)  # view id -> tablet -> move
 
 
 def build_plan(state, tasks: list[Task], node_id: str) -> BuildPlan:
@@ -55,9 +57,12 @@ def build_plan(state, tasks: list[Task], node_id: str) -> BuildPlan:
         raise NotFound(f"the base table or views of tasks {', '.join(t.id for t in tasks)} were dropped")
     tablet = tasks[0].tablet_id
     first, last = tablet_range(tablet, base_map.tablet_count)
-    pair = next(i for i, r in enumerate(base_map.replicas[tablet]) if r.node == node_id)
+    pair = position_of(state, base.id, tablet, node_id)
+    if pair is None:
+        raise NotFound(f"node {node_id} no longer holds tablet {tablet} of {base.qualified_name}")
     view_replicas = {v.id: state.tablets[v.id].replicas for v in views}
-    return BuildPlan(base, views, first, last, pair, view_replicas, state.schema_version)
+    view_moves = {v.id: transitions_of_table(state, v.id) for v in views}
+    return BuildPlan(base, views, first, last, pair, view_replicas, state.schema_version, view_moves)
 
 
 @dataclass
@@ -129,7 +134,7 @@ class BuildJob:
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
         """Merge the view's rows at every destination replica, the destinations at once (each merge mostly waits:
         on a peer, or on this node's merging child process); the first error once all of them ended."""
-        parts = by_destination(view_rows, plan.view_replicas[view.id], plan.pair)
+        parts = by_destination(view_rows, plan.view_replicas[view.id], plan.pair, plan.view_moves.get(view.id, {}))
         if not parts:
             return  # no base row of the batch has a row in this view
         if len(parts) == 1:
@@ -143,13 +148,16 @@ class BuildJob:
             merge.result()
 
 
-def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...], pair: int) -> dict[Replica, pa.Table]:
-    """View rows grouped by the view replica paired with this base replica in the view tablet owning each row."""
+def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...], pair: int,
+                   moves: dict[int, TabletTransition] | None = None) -> dict[Replica, pa.Table]:
+    """View rows grouped by the view replica paired with this base replica in the view tablet owning each row
+    (and, while that view tablet moves, its pending replica too)."""
     tablets = tablet_indices(view_rows.column("token"), len(replicas))
     groups: dict[Replica, list[pa.Table]] = {}
     for tablet in pc.unique(tablets).to_pylist():
-        destination = replicas[tablet][pair]
-        groups.setdefault(destination, []).append(view_rows.filter(pc.equal(tablets, tablet)))
+        rows = view_rows.filter(pc.equal(tablets, tablet))
+        for destination in position_targets(replicas[tablet][pair], (moves or {}).get(tablet)):
+            groups.setdefault(destination, []).append(rows)
     return {replica: pa.concat_tables(parts) for replica, parts in groups.items()}
 
 

@@ -196,9 +196,41 @@ class SetProcessingBase(LoopCommand):
     base_id: str | None
 
 
+@dataclass(frozen=True, kw_only=True)
+class StartTabletMigration(Command):
+    """Begin moving replica (leaving_node, leaving_shard) of one tablet to (pending_node, pending_shard): the
+    tablet enters the first migration stage and the build tasks of the leaving replica are aborted.
+    `migration_id` (32 hex characters, chosen by the proposer) names the migration and seeds new task ids."""
+
+    op: ClassVar[str] = "start_tablet_migration"
+    migration_id: str
+    table_id: str
+    tablet_id: int
+    leaving_node: str
+    leaving_shard: int
+    pending_node: str
+    pending_shard: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvanceTabletMigration(Command):
+    """Move a migration from `from_stage` to `to_stage` (the next stage, or `cleanup_target` to roll back, with
+    `reason`); proposed by the leader's migration driver with its Raft `term`, refused from an older term."""
+
+    op: ClassVar[str] = "advance_tablet_migration"
+    term: int
+    migration_id: str
+    table_id: str
+    tablet_id: int
+    from_stage: str
+    to_stage: str
+    reason: str = ""
+
+
 COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, AlterTable, CreateView,
                                        CreateIndex, DropView, DropTable, DropKeyspace, Noop,
-                                       FinishViewBuildingTasks, SetProcessingBase)
+                                       FinishViewBuildingTasks, SetProcessingBase, StartTabletMigration,
+                                       AdvanceTabletMigration)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}
 
 

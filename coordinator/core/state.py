@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from . import ddl, tablets, view_building
+from . import ddl, migrations, tablets, view_building
 from .commands import (
     AlterKeyspace,
+    AdvanceTabletMigration,
     AlterTable,
     Command,
     CreateIndex,
@@ -30,6 +31,7 @@ from .commands import (
     Noop,
     RegisterNode,
     SetProcessingBase,
+    StartTabletMigration,
     cmd_id_of,
     decode,
 )
@@ -64,6 +66,10 @@ class Group0State:
         # the newest Raft term of a view building loop command applied: a fence, not schema data (so private,
         # and out of the journal-replay comparisons); 0 until a loop proposed anything
         self._view_building_term = 0
+        # owned by migrations.py: tablets on the move, how recent migrations ended, the driver's newest term
+        self.transitions: dict[tuple[str, int], migrations.TabletTransition] = {}
+        self.migration_results = migrations.new_results()
+        self._migration_term = 0
         # owned by this module: outcomes of recent commands, by cmd_id
         self._recent: OrderedDict[str, Outcome] = OrderedDict()
 
@@ -153,4 +159,6 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     Noop: _noop,
     FinishViewBuildingTasks: view_building.finish_tasks,
     SetProcessingBase: view_building.set_processing_base,
+    StartTabletMigration: migrations.start_migration,
+    AdvanceTabletMigration: migrations.advance_migration,
 }

@@ -7,6 +7,7 @@ Group0State. The leader's loop changes them only through commands carrying its R
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .commands import FinishViewBuildingTasks, SetProcessingBase
@@ -31,11 +32,18 @@ def create_build_tasks(state: Group0State, view: Table, seed: str,
     for tablet_id, replicas in replicas_by_tablet.items():
         for replica in replicas:
             task_id = derived_id(seed, view.id, tablet_id, replica.node, replica.shard)
-            state.tasks[task_id] = Task(task_id, TASK_BUILD_RANGE, view.view.base_id, view.id, replica, tablet_id)
+            state.tasks[task_id] = Task(task_id, TASK_BUILD_RANGE, view.view.base_id, view.id, replica, tablet_id,
+                                        aborted=_is_leaving(state, view.view.base_id, tablet_id, replica))
             state.build_status[(view.id, replica.node)] = BUILD_STARTED
             created += 1
     state.tasks_created[view.id] = state.tasks_created.get(view.id, 0) + created
     return created
+
+
+def _is_leaving(state: Group0State, base_id: str, tablet_id: int, replica: Replica) -> bool:
+    """Whether `replica` is moving away (a task on it starts aborted, and follows the migration's end)."""
+    transition = state.transitions.get((base_id, tablet_id))
+    return transition is not None and transition.leaving == replica
 
 
 def replicas_changed(state: Group0State, base: Table, seed: str, added: Mapping[int, Sequence[Replica]]) -> None:
@@ -52,6 +60,38 @@ def replicas_changed(state: Group0State, base: Table, seed: str, added: Mapping[
             del state.build_status[key]
         if not is_built(state, view.id):
             create_build_tasks(state, view, seed, added)
+
+
+def abort_replica_tasks(state: Group0State, base_id: str, tablet_id: int, replica: Replica) -> int:
+    """Mark aborted every task of base tablet `tablet_id` on `replica` (a migration moves it away); never undone."""
+    aborted = 0
+    for task in list(state.tasks.values()):
+        if (task.base_id, task.tablet_id, task.replica) == (base_id, tablet_id, replica) and not task.aborted:
+            state.tasks[task.id] = replace(task, aborted=True)
+            aborted += 1
+    return aborted
+
+
+def recreate_aborted_tasks(state: Group0State, base_id: str, tablet_id: int, aborted_on: Replica, new_replica: Replica,
+                           seed: str) -> int:
+    """Replace the aborted tasks of base tablet `tablet_id` on `aborted_on` by new ones (new ids from `seed`) on
+    `new_replica`; then drop the statuses of nodes left without a replica of the base and settle the rest."""
+    created = 0
+    for task in [t for t in state.tasks.values()
+                 if t.aborted and (t.base_id, t.tablet_id, t.replica) == (base_id, tablet_id, aborted_on)]:
+        del state.tasks[task.id]
+        task_id = derived_id(seed, task.view_id or task.base_id, tablet_id, new_replica.node, new_replica.shard)
+        state.tasks[task_id] = replace(task, id=task_id, replica=new_replica, aborted=False)
+        if task.view_id is not None:
+            state.build_status[(task.view_id, new_replica.node)] = BUILD_STARTED
+        created += 1
+    holders = {r.node for replicas in state.tablets[base_id].replicas for r in replicas}
+    for view in state.views_of(base_id):
+        for key in [k for k in state.build_status if k[0] == view.id and k[1] not in holders]:
+            del state.build_status[key]
+    for key in unsettled_statuses(state):
+        state.build_status[key] = BUILD_SUCCESS
+    return created
 
 
 def forget_table(state: Group0State, table_id: str) -> None:
@@ -78,7 +118,7 @@ def is_built(state: Group0State, view_id: str) -> bool:
 
 
 def progress(state: Group0State, view_id: str) -> dict:
-    remaining = sum(1 for t in tasks_of_view(state, view_id) if not t.aborted)
+    remaining = sum(1 for _ in tasks_of_view(state, view_id))  # an aborted task is moving, not done
     total = state.tasks_created.get(view_id, 0)
     hosts = {node: status for (v, node), status in state.build_status.items() if v == view_id}
     return {"tasks_total": total, "tasks_done": max(total - remaining, 0), "hosts": hosts,

@@ -1,0 +1,266 @@
+"""Tablet migrations: the stages a moving tablet replica goes through, and where reads and writes go meanwhile.
+
+Owns the `transitions`, `migration_results` and `_migration_term` fields of Group0State. One migration replaces
+the replica at one position of one tablet (the *leaving* replica) by another (the *pending* one), in ScyllaDB's
+stages, each a group0 command so that a new leader resumes where the old one was:
+
+    allow_write_both_read_old -> write_both_read_old -> streaming -> write_both_read_new -> use_new -> cleanup
+      -> end_migration (the tablet map names the pending replica; the transition is gone)
+    (allow_write_both_read_old | write_both_read_old | streaming) -> cleanup_target -> revert_migration
+      (the pending replica's rows are dropped, the map is unchanged; the transition is gone)
+
+Writes reach both replicas from `allow_write_both_read_old` to `write_both_read_new`, and only the pending one
+from `use_new`; reads switch to the pending replica at `write_both_read_new`, after streaming. The pending
+replica takes the leaving one's position, so both feed the same paired view replica; before reads switch, the
+pending replica (still being filled) makes no view updates: the leaving replica makes them.
+
+Build tasks follow (ScyllaDB's seed): a task on the leaving replica is aborted when the migration starts (an abort
+is never undone); at `end_migration` each gets a new task (new id) on the pending replica, at
+`revert_migration` a copy (new id) on the leaving one, and the aborted tasks go.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from . import view_building
+from .commands import AdvanceTabletMigration, StartTabletMigration
+from .errors import FailedPrecondition, InvalidArgument, NotFound, StaleTerm
+from .ids import check_id, derived_id
+from .schema import Replica, TabletMap
+
+if TYPE_CHECKING:
+    from .state import Group0State
+
+ALLOW_WRITE_BOTH_READ_OLD = "allow_write_both_read_old"
+WRITE_BOTH_READ_OLD = "write_both_read_old"
+STREAMING = "streaming"
+WRITE_BOTH_READ_NEW = "write_both_read_new"
+USE_NEW = "use_new"
+CLEANUP = "cleanup"
+END_MIGRATION = "end_migration"
+CLEANUP_TARGET = "cleanup_target"
+REVERT_MIGRATION = "revert_migration"
+
+FORWARD = (ALLOW_WRITE_BOTH_READ_OLD, WRITE_BOTH_READ_OLD, STREAMING, WRITE_BOTH_READ_NEW, USE_NEW, CLEANUP,
+           END_MIGRATION)
+ROLLBACK = (CLEANUP_TARGET, REVERT_MIGRATION)
+NEXT_STAGE = {**dict(zip(FORWARD, FORWARD[1:])), CLEANUP_TARGET: REVERT_MIGRATION}
+CAN_ROLL_BACK = frozenset({ALLOW_WRITE_BOTH_READ_OLD, WRITE_BOTH_READ_OLD, STREAMING})
+WRITE_BOTH = frozenset({ALLOW_WRITE_BOTH_READ_OLD, WRITE_BOTH_READ_OLD, STREAMING, WRITE_BOTH_READ_NEW})
+WRITE_NEW = frozenset({USE_NEW, CLEANUP})
+READ_NEW = frozenset({WRITE_BOTH_READ_NEW, USE_NEW, CLEANUP})
+FINAL = frozenset({END_MIGRATION, REVERT_MIGRATION})
+REMEMBERED_RESULTS = 256
+DONE = "done"
+REVERTED = "reverted"
+
+
+@dataclass(frozen=True)
+class TabletTransition:
+    """A tablet replica on the move: `leaving` is replaced by `pending` at the same position."""
+
+    migration_id: str
+    table_id: str
+    tablet_id: int
+    leaving: Replica
+    pending: Replica
+    stage: str
+    reason: str = ""  # why it rolls back, once it does
+
+    @property
+    def moves_data(self) -> bool:
+        """Whether rows travel: a move between shards of one node keeps them where they are (one store)."""
+        return self.leaving.node != self.pending.node
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    """How a migration ended: DONE or REVERTED, and why it reverted."""
+
+    outcome: str
+    reason: str = ""
+
+
+# ------------------------------------------------------------------ routing (pure queries)
+
+
+def transition_of(state: Group0State, table_id: str, tablet_id: int) -> TabletTransition | None:
+    return state.transitions.get((table_id, tablet_id))
+
+
+def position_targets(replica: Replica, transition: TabletTransition | None) -> tuple[Replica, ...]:
+    """Where a write meant for `replica` (one position of a tablet) goes, given the tablet's transition."""
+    if transition is None or transition.leaving != replica:
+        return (replica,)
+    if transition.stage in WRITE_BOTH:
+        return (replica, transition.pending)
+    if transition.stage in WRITE_NEW:
+        return (transition.pending,)
+    return (replica,)
+
+
+def write_replicas(state: Group0State, table_id: str, tablet_id: int) -> tuple[Replica, ...]:
+    """Every replica a write to the tablet must reach (consistency ALL over the leaving and pending ones)."""
+    transition = transition_of(state, table_id, tablet_id)
+    return tuple(target for replica in state.tablets[table_id].replicas[tablet_id]
+                 for target in position_targets(replica, transition))
+
+
+def read_replicas(state: Group0State, table_id: str, tablet_id: int) -> tuple[Replica, ...]:
+    """The replicas a read of the tablet may use: the pending replica instead of the leaving one once filled."""
+    replicas = state.tablets[table_id].replicas[tablet_id]
+    transition = transition_of(state, table_id, tablet_id)
+    if transition is None or transition.stage not in READ_NEW:
+        return replicas
+    return tuple(transition.pending if r == transition.leaving else r for r in replicas)
+
+
+def position_of(state: Group0State, table_id: str, tablet_id: int, node_id: str) -> int | None:
+    """The pairing position of `node_id` in the tablet: its own, or the leaving replica's for the pending node."""
+    return position_in(state.tablets[table_id].replicas[tablet_id], transition_of(state, table_id, tablet_id), node_id)
+
+
+def position_in(replicas: tuple[Replica, ...], transition: TabletTransition | None, node_id: str) -> int | None:
+    """`position_of` given the tablet's replicas and transition."""
+    for index, replica in enumerate(replicas):
+        if replica.node == node_id:
+            return index
+    if transition is not None and transition.pending.node == node_id and transition.stage not in ROLLBACK:
+        return replicas.index(transition.leaving)
+    return None
+
+
+def makes_view_updates(state: Group0State, table_id: str, tablet_id: int, node_id: str) -> bool:
+    """False for the pending replica of a tablet until reads switch to it: its rows are still arriving."""
+    return not is_filling(transition_of(state, table_id, tablet_id), node_id)
+
+
+def is_filling(transition: TabletTransition | None, node_id: str) -> bool:
+    """Whether `node_id` is the pending replica of `transition` and its rows are still arriving."""
+    return (transition is not None and transition.moves_data and transition.pending.node == node_id
+            and transition.stage not in READ_NEW)
+
+
+def transitions_of_table(state: Group0State, table_id: str) -> dict[int, TabletTransition]:
+    return {tablet: t for (table, tablet), t in state.transitions.items() if table == table_id}
+
+
+# ------------------------------------------------------------------ commands
+
+
+def start_migration(state: Group0State, cmd: StartTabletMigration) -> str:
+    """Validate the move, put the tablet in its first stage and abort the leaving replica's build tasks."""
+    leaving, pending = Replica(cmd.leaving_node, cmd.leaving_shard), Replica(cmd.pending_node, cmd.pending_shard)
+    _check_move(state, cmd, leaving, pending)
+    if cmd.migration_id in state.migration_results:
+        raise FailedPrecondition(f"migration {cmd.migration_id} already ran")
+    state.transitions[(cmd.table_id, cmd.tablet_id)] = TabletTransition(
+        cmd.migration_id, cmd.table_id, cmd.tablet_id, leaving, pending, ALLOW_WRITE_BOTH_READ_OLD)
+    view_building.abort_replica_tasks(state, cmd.table_id, cmd.tablet_id, leaving)
+    state.schema_version += 1
+    return cmd.migration_id
+
+
+def _check_move(state: Group0State, cmd: StartTabletMigration, leaving: Replica, pending: Replica) -> None:
+    check_id(cmd.migration_id)
+    table = state.tables.get(cmd.table_id)
+    tablet_map = state.tablets.get(cmd.table_id)
+    if table is None or tablet_map is None:
+        raise NotFound(f"table id {cmd.table_id} does not exist")
+    if not 0 <= cmd.tablet_id < tablet_map.tablet_count:
+        raise InvalidArgument(f"{table.qualified_name} has tablets 0..{tablet_map.tablet_count - 1}, "
+                              f"not {cmd.tablet_id}")
+    replicas = tablet_map.replicas[cmd.tablet_id]
+    if leaving not in replicas:
+        raise InvalidArgument(f"{leaving} is not a replica of tablet {cmd.tablet_id} of {table.qualified_name} "
+                              f"(its replicas: {', '.join(map(str, replicas))})")
+    node = state.nodes.get(pending.node)
+    if node is None:
+        raise InvalidArgument(f"unknown node {pending.node!r} (nodes: {', '.join(sorted(state.nodes))})")
+    if not 0 <= pending.shard < node.shards:
+        raise InvalidArgument(f"node {pending.node} has shards 0..{node.shards - 1}, not {pending.shard}")
+    if pending == leaving or any(r.node == pending.node for r in replicas if r != leaving):
+        raise InvalidArgument(f"{pending.node} already holds tablet {cmd.tablet_id} of {table.qualified_name}; "
+                              "move it to a node that does not")
+    busy = transition_of(state, cmd.table_id, cmd.tablet_id)
+    if busy is not None:
+        raise FailedPrecondition(f"tablet {cmd.tablet_id} of {table.qualified_name} is in transition "
+                                 f"(migration {busy.migration_id}, stage {busy.stage}); wait until it ends")
+
+
+def advance_migration(state: Group0State, cmd: AdvanceTabletMigration) -> str:
+    """Compare-and-set the stage of a migration; the final stages apply the move or its rollback."""
+    _check_term(state, cmd.term)
+    transition = transition_of(state, cmd.table_id, cmd.tablet_id)
+    if transition is None or transition.migration_id != cmd.migration_id:
+        finished = state.migration_results.get(cmd.migration_id)
+        if finished is not None and cmd.to_stage in FINAL:
+            return cmd.to_stage  # a retry of the command that ended it
+        raise NotFound(f"migration {cmd.migration_id} is not in progress")
+    if transition.stage != cmd.from_stage:
+        raise FailedPrecondition(f"migration {cmd.migration_id} is at stage {transition.stage}, not {cmd.from_stage}")
+    _check_step(transition, cmd.to_stage)
+    state._migration_term = max(state._migration_term, cmd.term)
+    state.schema_version += 1
+    if cmd.to_stage == END_MIGRATION:
+        _end(state, transition)
+    elif cmd.to_stage == REVERT_MIGRATION:
+        _revert(state, transition)
+    else:
+        reason = cmd.reason if cmd.to_stage == CLEANUP_TARGET else transition.reason
+        state.transitions[(cmd.table_id, cmd.tablet_id)] = replace(transition, stage=cmd.to_stage, reason=reason)
+    return cmd.to_stage
+
+
+def _check_term(state: Group0State, term: int) -> None:
+    if term < 1:
+        raise InvalidArgument(f"invalid term {term!r}: a leader's Raft term is a positive integer")
+    if term < state._migration_term:
+        raise StaleTerm(f"stale term {term}: a newer leader (term {state._migration_term}) drives migrations")
+
+
+def _check_step(transition: TabletTransition, to_stage: str) -> None:
+    if to_stage == NEXT_STAGE.get(transition.stage):
+        return
+    if to_stage == CLEANUP_TARGET and transition.stage in CAN_ROLL_BACK:
+        return
+    raise InvalidArgument(f"a migration cannot go from {transition.stage} to {to_stage!r}")
+
+
+def _end(state: Group0State, transition: TabletTransition) -> None:
+    """The pending replica takes the leaving one's place; the aborted tasks move to it."""
+    tablet_map = state.tablets[transition.table_id]
+    replicas = list(tablet_map.replicas)
+    replicas[transition.tablet_id] = tuple(transition.pending if r == transition.leaving else r
+                                           for r in replicas[transition.tablet_id])
+    state.tablets[transition.table_id] = TabletMap(tablet_map.table_id, tuple(replicas))
+    view_building.recreate_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving,
+                                         transition.pending, seed=transition.migration_id)
+    _finish(state, transition, MigrationResult(DONE))
+
+
+def _revert(state: Group0State, transition: TabletTransition) -> None:
+    """The map stays; the aborted tasks get copies on the leaving replica."""
+    view_building.recreate_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving,
+                                         transition.leaving, seed=derived_id(transition.migration_id, "revert"))
+    _finish(state, transition, MigrationResult(REVERTED, transition.reason))
+
+
+def _finish(state: Group0State, transition: TabletTransition, result: MigrationResult) -> None:
+    del state.transitions[(transition.table_id, transition.tablet_id)]
+    state.migration_results[transition.migration_id] = result
+    while len(state.migration_results) > REMEMBERED_RESULTS:
+        state.migration_results.popitem(last=False)
+
+
+def forget_table(state: Group0State, table_id: str) -> None:
+    """A dropped table's migrations end with it (the driver finds them gone)."""
+    for key in [k for k in state.transitions if k[0] == table_id]:
+        transition = state.transitions.pop(key)
+        state.migration_results[transition.migration_id] = MigrationResult(REVERTED, "the table was dropped")
+
+
+def new_results() -> OrderedDict[str, MigrationResult]:
+    return OrderedDict()

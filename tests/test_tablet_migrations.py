@@ -1,0 +1,283 @@
+"""Unit and property tests of the pure tablet migration core: stages, routing, and build tasks that follow."""
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.core import migrations as m
+from coordinator.core.commands import AdvanceTabletMigration, StartTabletMigration, decode, encode
+from coordinator.core.schema import BUILD_STARTED, BUILD_SUCCESS, Replica
+from coordinator.core.state import Group0State
+from tests.test_core_state import cluster, make_table, make_view
+
+
+def start(state: Group0State, table_id: str, tablet: int, leaving: Replica, pending: Replica,
+          migration_id: str | None = None):
+    return state.apply(StartTabletMigration(
+        cmd_id=uuid.uuid4().hex, migration_id=migration_id or uuid.uuid4().hex, table_id=table_id, tablet_id=tablet,
+        leaving_node=leaving.node, leaving_shard=leaving.shard, pending_node=pending.node, pending_shard=pending.shard))
+
+
+def advance(state: Group0State, transition: m.TabletTransition, to_stage: str, term: int = 1, reason: str = ""):
+    return state.apply(AdvanceTabletMigration(
+        cmd_id=uuid.uuid4().hex, term=term, migration_id=transition.migration_id, table_id=transition.table_id,
+        tablet_id=transition.tablet_id, from_stage=transition.stage, to_stage=to_stage, reason=reason))
+
+
+def run_to(state: Group0State, table_id: str, tablet: int, stage: str, term: int = 1) -> None:
+    """Advance the tablet's migration along the forward path until it reaches `stage`."""
+    while (transition := m.transition_of(state, table_id, tablet)) is not None and transition.stage != stage:
+        assert advance(state, transition, m.NEXT_STAGE[transition.stage], term).ok
+
+
+def two_node_table(tablets: int = 2):
+    state = cluster(nodes=2, shards=2)
+    table_id = make_table(state, rf=1, tablets=tablets)
+    return state, table_id
+
+
+def other_node(state: Group0State, replica: Replica) -> Replica:
+    return Replica(next(n for n in sorted(state.nodes) if n != replica.node), 0)
+
+
+def test_the_forward_stages_move_the_replica_and_switch_reads_then_writes():
+    state, table_id = two_node_table()
+    leaving = state.tablets[table_id].replicas[0][0]
+    pending = other_node(state, leaving)
+    version = state.schema_version
+    assert start(state, table_id, 0, leaving, pending).ok
+    assert state.schema_version == version + 1
+    seen = []
+    while (transition := m.transition_of(state, table_id, 0)) is not None:
+        seen.append((transition.stage, m.write_replicas(state, table_id, 0), m.read_replicas(state, table_id, 0)))
+        assert advance(state, transition, m.NEXT_STAGE[transition.stage]).ok
+    both, old, new = (leaving, pending), (leaving,), (pending,)
+    assert seen == [("allow_write_both_read_old", both, old), ("write_both_read_old", both, old),
+                    ("streaming", both, old), ("write_both_read_new", both, new), ("use_new", new, new),
+                    ("cleanup", new, new)]
+    assert state.tablets[table_id].replicas[0] == (pending,)
+    assert state.migration_results[transition_id(seen, state)] == m.MigrationResult(m.DONE)
+
+
+def transition_id(_seen, state: Group0State) -> str:
+    return next(iter(state.migration_results))
+
+
+def test_a_rollback_keeps_the_map_and_writes_go_back_to_the_old_replica():
+    state, table_id = two_node_table()
+    leaving = state.tablets[table_id].replicas[1][0]
+    pending = other_node(state, leaving)
+    assert start(state, table_id, 1, leaving, pending).ok
+    run_to(state, table_id, 1, "streaming")
+    transition = m.transition_of(state, table_id, 1)
+    assert advance(state, transition, "cleanup_target", reason="stream failed: injected").ok
+    assert m.write_replicas(state, table_id, 1) == (leaving,) and m.read_replicas(state, table_id, 1) == (leaving,)
+    assert m.position_of(state, table_id, 1, pending.node) is None
+    assert advance(state, m.transition_of(state, table_id, 1), "revert_migration").ok
+    assert state.tablets[table_id].replicas[1] == (leaving,) and not state.transitions
+    assert list(state.migration_results.values()) == [m.MigrationResult(m.REVERTED, "stream failed: injected")]
+
+
+def test_no_rollback_once_reads_switched():
+    state, table_id = two_node_table()
+    leaving = state.tablets[table_id].replicas[0][0]
+    assert start(state, table_id, 0, leaving, other_node(state, leaving)).ok
+    run_to(state, table_id, 0, "write_both_read_new")
+    refused = advance(state, m.transition_of(state, table_id, 0), "cleanup_target")
+    assert refused.error_code == "INVALID_ARGUMENT" and "cannot go from write_both_read_new" in refused.error_message
+
+
+def test_stage_changes_are_compare_and_set_and_fenced_by_term():
+    state, table_id = two_node_table()
+    leaving = state.tablets[table_id].replicas[0][0]
+    assert start(state, table_id, 0, leaving, other_node(state, leaving)).ok
+    first = m.transition_of(state, table_id, 0)
+    assert advance(state, first, "write_both_read_old", term=5).ok
+    again = advance(state, first, "write_both_read_old", term=5)
+    assert again.error_code == "FAILED_PRECONDITION" and "is at stage write_both_read_old" in again.error_message
+    stale = advance(state, m.transition_of(state, table_id, 0), "streaming", term=4)
+    assert stale.error_code == "FAILED_PRECONDITION" and stale.error_kind == "StaleTerm"
+    skip = advance(state, m.transition_of(state, table_id, 0), "use_new", term=5)
+    assert skip.error_code == "INVALID_ARGUMENT"
+
+
+def test_the_pending_replica_takes_the_leaving_position_and_stays_quiet_until_reads_switch():
+    state = cluster(nodes=4, shards=1)
+    table_id = make_table(state, rf=3, tablets=1)
+    replicas = state.tablets[table_id].replicas[0]
+    spare = next(n for n in state.nodes if n not in {r.node for r in replicas})
+    assert start(state, table_id, 0, replicas[1], Replica(spare, 0)).ok
+    assert m.position_of(state, table_id, 0, spare) == 1
+    assert not m.makes_view_updates(state, table_id, 0, spare)
+    assert m.makes_view_updates(state, table_id, 0, replicas[1].node)
+    run_to(state, table_id, 0, "write_both_read_new")
+    assert m.makes_view_updates(state, table_id, 0, spare)
+    assert m.position_targets(replicas[1], m.transition_of(state, table_id, 0)) == (replicas[1], Replica(spare, 0))
+
+
+BAD_MOVES = [
+    (lambda s, t, r: (t, 5, r, other_node(s, r)), "INVALID_ARGUMENT", "has tablets 0..1, not 5"),
+    (lambda s, t, r: (t, 0, Replica("n9", 0), r), "INVALID_ARGUMENT", "is not a replica of tablet 0"),
+    (lambda s, t, r: (t, 0, r, Replica("n9", 0)), "INVALID_ARGUMENT", "unknown node 'n9'"),
+    (lambda s, t, r: (t, 0, r, Replica(other_node(s, r).node, 7)), "INVALID_ARGUMENT", "has shards 0..1, not 7"),
+    (lambda s, t, r: (t, 0, r, r), "INVALID_ARGUMENT", "already holds tablet 0"),
+    (lambda s, t, r: ("f" * 32, 0, r, other_node(s, r)), "NOT_FOUND", "does not exist"),
+]
+
+
+@pytest.mark.parametrize("move, code, message", BAD_MOVES)
+def test_bad_moves_are_refused_and_change_nothing(move, code, message):
+    state, table_id = two_node_table()
+    leaving = state.tablets[table_id].replicas[0][0]
+    before = pickle.dumps((state.tablets, state.tasks, state.transitions, state.schema_version))
+    outcome = start(state, *move(state, table_id, leaving))
+    assert outcome.error_code == code and message in outcome.error_message
+    assert pickle.dumps((state.tablets, state.tasks, state.transitions, state.schema_version)) == before
+
+
+def test_one_transition_per_tablet():
+    state, table_id = two_node_table()
+    leaving = state.tablets[table_id].replicas[0][0]
+    assert start(state, table_id, 0, leaving, other_node(state, leaving)).ok
+    busy = start(state, table_id, 0, leaving, Replica(leaving.node, 1))
+    assert busy.error_code == "FAILED_PRECONDITION" and "is in transition" in busy.error_message
+
+
+def test_a_move_between_shards_of_one_node_moves_no_rows():
+    state, table_id = two_node_table()
+    leaving = state.tablets[table_id].replicas[0][0]
+    assert start(state, table_id, 0, leaving, Replica(leaving.node, 1 - leaving.shard)).ok
+    assert not m.transition_of(state, table_id, 0).moves_data
+
+
+# ------------------------------------------------------------------ build tasks follow
+
+
+def tasks_on(state: Group0State, table_id: str, tablet: int) -> list:
+    return sorted((t.replica, t.aborted) for t in state.tasks.values() if t.base_id == table_id and t.tablet_id == tablet)
+
+
+def test_tasks_of_the_leaving_replica_are_aborted_then_recreated_on_the_destination():
+    state, table_id = two_node_table()
+    view_id = make_view(state)
+    leaving = state.tablets[table_id].replicas[0][0]
+    pending = other_node(state, leaving)
+    old_ids = {t.id for t in state.tasks.values() if t.tablet_id == 0}
+    assert start(state, table_id, 0, leaving, pending).ok
+    assert tasks_on(state, table_id, 0) == [(leaving, True)]
+    assert state.view_progress(view_id)["tasks_done"] == 0  # an aborted task is not done
+    run_to(state, table_id, 0, "end_migration")
+    assert tasks_on(state, table_id, 0) == [(pending, False)]
+    assert not old_ids & {t.id for t in state.tasks.values()}
+    assert state.build_status[(view_id, pending.node)] == BUILD_STARTED
+    assert state.view_progress(view_id)["tasks_total"] == 2
+
+
+def test_rollback_recreates_tasks_on_the_source_with_new_ids():
+    state, table_id = two_node_table()
+    make_view(state)
+    leaving = state.tablets[table_id].replicas[0][0]
+    old_ids = {t.id for t in state.tasks.values() if t.tablet_id == 0}
+    assert start(state, table_id, 0, leaving, other_node(state, leaving)).ok
+    assert advance(state, m.transition_of(state, table_id, 0), "cleanup_target", reason="no").ok
+    assert advance(state, m.transition_of(state, table_id, 0), "revert_migration").ok
+    assert tasks_on(state, table_id, 0) == [(leaving, False)]
+    assert not old_ids & {t.id for t in state.tasks.values()}
+
+
+def test_a_view_created_during_a_migration_gets_an_aborted_task_on_the_leaving_replica():
+    state, table_id = two_node_table()
+    leaving = state.tablets[table_id].replicas[0][0]
+    pending = other_node(state, leaving)
+    assert start(state, table_id, 0, leaving, pending).ok
+    view_id = make_view(state)
+    assert tasks_on(state, table_id, 0) == [(leaving, True)]
+    run_to(state, table_id, 0, "end_migration")
+    assert tasks_on(state, table_id, 0) == [(pending, False)]
+    assert not state.view_is_built(view_id)
+
+
+def test_a_built_replica_needs_no_task_and_its_status_follows_the_holders():
+    state, table_id = two_node_table(tablets=1)
+    view_id = make_view(state)
+    from coordinator.core.commands import FinishViewBuildingTasks
+    assert state.apply(FinishViewBuildingTasks(cmd_id=None, term=1, task_ids=tuple(state.tasks))).ok
+    assert state.view_is_built(view_id)
+    leaving = state.tablets[table_id].replicas[0][0]
+    pending = other_node(state, leaving)
+    assert start(state, table_id, 0, leaving, pending).ok
+    run_to(state, table_id, 0, "end_migration")
+    assert not state.tasks and state.view_is_built(view_id)
+    assert (view_id, leaving.node) not in state.build_status or state.build_status[(view_id, leaving.node)] == BUILD_SUCCESS
+
+
+def test_dropping_the_table_ends_its_migrations():
+    state, table_id = two_node_table()
+    leaving = state.tablets[table_id].replicas[0][0]
+    assert start(state, table_id, 0, leaving, other_node(state, leaving)).ok
+    assert state.apply({"op": "drop_table", "cmd_id": None, "keyspace": "ks", "name": "t"}).ok
+    assert not state.transitions
+    assert list(state.migration_results.values())[0].outcome == m.REVERTED
+
+
+def test_migration_commands_round_trip_through_the_journal():
+    command = StartTabletMigration(cmd_id="x", migration_id="a" * 32, table_id="b" * 32, tablet_id=3,
+                                   leaving_node="n1", leaving_shard=0, pending_node="n2", pending_shard=1)
+    assert decode(encode(command)) == command
+    step = AdvanceTabletMigration(cmd_id=None, term=2, migration_id="a" * 32, table_id="b" * 32, tablet_id=3,
+                                  from_stage="streaming", to_stage="cleanup_target", reason="why")
+    assert decode(encode(step)) == step
+
+
+def test_a_snapshot_from_before_migrations_restores_with_none_in_progress():
+    state, _ = two_node_table()
+    saved = dict(state.__dict__)
+    for name in ("transitions", "migration_results", "_migration_term"):
+        saved.pop(name)
+    restored = Group0State.__new__(Group0State)
+    restored.__setstate__(saved)
+    assert restored.transitions == {} and restored._migration_term == 0
+
+
+# ------------------------------------------------------------------ property: any path, tasks and maps stay sound
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.booleans(), st.integers(0, 6)), max_size=25))
+def test_any_sequence_of_moves_keeps_one_live_task_per_unbuilt_replica(steps):
+    """Whatever moves start, advance or roll back: every tablet keeps rf distinct nodes, each replica of the map
+    holds exactly one live task per unbuilt view while no migration runs, and no aborted task outlives its
+    migration."""
+    state = cluster(nodes=4, shards=2)
+    table_id = make_table(state, rf=2, tablets=4)
+    view_id = make_view(state)
+    for tablet, target, roll_back, advances in steps:
+        transition = m.transition_of(state, table_id, tablet)
+        if transition is None:
+            leaving = state.tablets[table_id].replicas[tablet][target % 2]
+            start(state, table_id, tablet, leaving, Replica(f"n{target + 1}", tablet % 2))
+            continue
+        for _ in range(advances):
+            transition = m.transition_of(state, table_id, tablet)
+            if transition is None:
+                break
+            wanted = "cleanup_target" if roll_back and transition.stage in m.CAN_ROLL_BACK else \
+                m.NEXT_STAGE[transition.stage]
+            assert advance(state, transition, wanted).ok
+        for replicas in state.tablets[table_id].replicas:
+            assert len({r.node for r in replicas}) == 2
+    for tablet in range(4):
+        run_to(state, table_id, tablet, "end_migration")
+    assert not state.transitions
+    assert not any(t.aborted for t in state.tasks.values())
+    expected = sorted((r, tablet) for tablet, replicas in enumerate(state.tablets[table_id].replicas)
+                      for r in replicas)
+    assert sorted((t.replica, t.tablet_id) for t in state.tasks.values() if t.view_id == view_id) == expected
+    holders = {r.node for replicas in state.tablets[table_id].replicas for r in replicas}
+    assert {node for (v, node) in state.build_status if v == view_id} <= holders
+    assert all(state.build_status[(view_id, r.node)] == BUILD_STARTED for r, _ in expected)
+    assert BUILD_SUCCESS not in {s for (v, _), s in state.build_status.items() if v == view_id}
