@@ -187,10 +187,11 @@ class InternodeTransport:
         return rows
 
     def schema_agreement(self, nodes: list[str], version: int,
-                         timeout: float = SCHEMA_AGREEMENT_TIMEOUT) -> list[str]:
-        """Wait, up to `timeout` in all, until each of `nodes` has applied schema `version` (its SchemaBarrier);
-        "node: why" for each that did not confirm (unreachable, or still applying when the time was up)."""
-        request = pb.SchemaBarrierRequest(schema_version=version, timeout=timeout, schema_only=True)
+                         timeout: float = SCHEMA_AGREEMENT_TIMEOUT, schema_only: bool = True) -> list[str]:
+        """Wait, up to `timeout` in all, until each of `nodes` has applied schema `version` (its SchemaBarrier; and,
+        unless `schema_only`, finished every write begun under an older version); "node: why" for each that did
+        not confirm (unreachable, or still applying when the time was up)."""
+        request = pb.SchemaBarrierRequest(schema_version=version, timeout=timeout, schema_only=schema_only)
         calls, problems = {}, {}
         for node in nodes:
             try:
@@ -205,6 +206,11 @@ class InternodeTransport:
             except grpc.RpcError as error:
                 problems[node] = _barrier_failure(error, timeout)
         return [f"{node}: {problems[node]}" for node in nodes if node in problems]
+
+
+    def write_barrier(self, nodes: list[str], version: int, timeout: float) -> list[str]:
+        """`schema_agreement` that also waits for the writes each node began under older versions."""
+        return self.schema_agreement(nodes, version, timeout, schema_only=False)
 
 
 def _barrier_failure(error: grpc.RpcError, timeout: float) -> str:

@@ -1,6 +1,7 @@
 """The Admin gRPC service: cluster status, tablet maps and fault injection, for operators and the CLI."""
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -8,7 +9,9 @@ from dataclasses import dataclass
 from common.injection import Injections
 from common.progress import BuildRates
 from common.status import unary
+from coordinator.core.commands import StartTabletMigration
 from coordinator.core.errors import InvalidArgument, NotFound, PermissionDenied
+from coordinator.core.migrations import resolve_move, transitions_of_table
 from coordinator.core.tokens import tablet_range
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
@@ -30,6 +33,7 @@ class AdminDeps:
     catch_up: Callable[[], None]  # best effort: apply what group0 committed so far (progress never goes back)
     check_view: Callable[[str, str, int], CheckResult]  # (keyspace, view, max examples) -> the check's result
     clock: Callable[[], float]  # monotonic seconds, for build rates
+    propose: Callable = lambda command: None  # (group0 command) -> its Outcome, committed
     injections_enabled: bool = False  # `vbc node start --enable-injections`: Inject may switch points on
 
 
@@ -49,10 +53,12 @@ class AdminService(rpc.AdminServicer):
         deps.catch_up()
         group0_status = deps.raft_status()
         nodes, views, version = deps.read_state(_status_snapshot)
+        moving = deps.read_state(lambda s: [migration_info(s, m) for m in sorted(t.migration_id
+                                                                                 for t in s.transitions.values())])
         self._add_rates(views)
         probes = {n.id: self._pool.submit(deps.probe, n.id) for n in nodes}
         response = pb.StatusResponse(leader=group0_status.get("leader_id") or "", term=group0_status["term"],
-                                     answered_by=deps.node_id, schema_version=version)
+                                     answered_by=deps.node_id, schema_version=version, migrations=moving)
         for member in nodes:
             local = probes[member.id].result()
             response.nodes.append(pb.NodeStatus(
@@ -79,11 +85,37 @@ class AdminService(rpc.AdminServicer):
             raise InvalidArgument(f"give the table as KEYSPACE.TABLE, got {request.table!r}")
         table, tablet_map = self._deps.read_state(lambda s: _table_and_tablets(s, keyspace, name))
         response = pb.TabletsResponse(table=table.qualified_name, table_id=table.id)
+        moves = self._deps.read_state(lambda s: transitions_of_table(s, table.id))
         for tablet_id, replicas in enumerate(tablet_map.replicas):
             first, last = tablet_range(tablet_id, tablet_map.tablet_count)
-            response.tablets.append(pb.TabletInfo(tablet=tablet_id, first_token=first, last_token=last,
-                                                  replicas=[str(r) for r in replicas]))
+            info = pb.TabletInfo(tablet=tablet_id, first_token=first, last_token=last, replicas=[str(r) for r in replicas])
+            move = moves.get(tablet_id)
+            if move is not None:
+                info.stage, info.leaving, info.pending = move.stage, str(move.leaving), str(move.pending)
+                info.migration_id = move.migration_id
+            response.tablets.append(info)
         return response
+
+    @unary
+    def MoveTablet(self, request, context):
+        self._deps.require_ready()
+        keyspace, _, name = request.table.partition(".")
+        if not keyspace or not name:
+            raise InvalidArgument(f"give the table as KEYSPACE.TABLE, got {request.table!r}")
+        table, (leaving, pending) = self._deps.read_state(lambda s: _resolved_move(s, keyspace, name, request))
+        migration_id = uuid.uuid4().hex
+        outcome = self._deps.propose(StartTabletMigration(
+            cmd_id=uuid.uuid4().hex, migration_id=migration_id, table_id=table.id, tablet_id=request.tablet,
+            leaving_node=leaving.node, leaving_shard=leaving.shard, pending_node=pending.node,
+            pending_shard=pending.shard))
+        if not outcome.ok:
+            raise outcome.error
+        return pb.MoveTabletResponse(migration_id=migration_id)
+
+    @unary
+    def Migration(self, request, context):
+        self._deps.catch_up()
+        return self._deps.read_state(lambda s: migration_info(s, request.migration_id))
 
     @unary
     def CheckView(self, request, context):
@@ -133,6 +165,27 @@ def _add_errors(views: list[tuple[str, pb.ViewStatus]], nodes) -> None:
             view = by_view.get(failure.view_id)
             if view is not None:
                 view.errors.append(pb.ViewBuildError(node=node.id, error=failure.error, attempts=failure.attempts))
+
+
+def _resolved_move(state, keyspace: str, name: str, request):
+    table = state.require_table(keyspace, name)
+    return table, resolve_move(state, table.id, request.tablet, request.from_replica, request.to_replica)
+
+
+def migration_info(state, migration_id: str) -> pb.MigrationInfo:
+    """Where a migration is, from group0: in progress (with its stage), done, reverted, or unknown."""
+    info = pb.MigrationInfo(migration_id=migration_id, state="unknown")
+    transition = next((t for t in state.transitions.values() if t.migration_id == migration_id), None)
+    if transition is not None:
+        table = state.tables.get(transition.table_id)
+        info.state, info.stage = "in_progress", transition.stage
+        info.table = table.qualified_name if table is not None else transition.table_id
+        info.tablet, info.leaving, info.pending = transition.tablet_id, str(transition.leaving), str(transition.pending)
+        return info
+    result = state.migration_results.get(migration_id)
+    if result is not None:
+        info.state, info.reason = result.outcome, result.reason
+    return info
 
 
 def _table_and_tablets(state, keyspace: str, name: str):

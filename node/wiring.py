@@ -28,6 +28,7 @@ from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
 from coordinator.core.state import Group0State
 from coordinator.raft import Group0, Group0Unavailable, StateMachineError
+from coordinator.tablet_migration import MigrationCalls, MigrationDriver
 from coordinator.view_building import ViewBuildingLoop
 from cql.executor import Executor
 from cql.limits import Limits
@@ -148,6 +149,10 @@ class Node:
             group0=self.group0, leadership=self.group0.leadership, send_batch=self._worker_client.send_batch,
             applied_index=lambda: self.group0.applied_index,
             injections=self.injections, metrics=self.metrics)
+        self.migrations = MigrationDriver(group0=self.group0, leadership=self.group0.leadership, calls=MigrationCalls(
+            barrier=transport.write_barrier,
+            stream=lambda *args: transport.stream_tablet(*args),
+            cleanup=lambda *args: transport.cleanup_tablet(*args)), injections=self.injections, metrics=self.metrics)
         self._last_prune = 0.0
         self._health = HealthService()
         self._internode_calls = OpenCalls(INTERNODE_OPEN_CALLS)
@@ -163,6 +168,7 @@ class Node:
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.group0.start()
         self.view_building.start()
+        self.migrations.start()
         bulk.prestart_children(self.store, self._parallel_batches)
         if self.config.spark_prestart:
             self.spark.prestart(warm_up)
@@ -184,6 +190,7 @@ class Node:
         self.injections.disable_all()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.view_building.stop()
+        self.migrations.stop()
         self._worker_client.close()
         self.worker.close(wait=False)
         self._sessions.end_all()
@@ -212,7 +219,8 @@ class Node:
             node_id=self.node_id, read_state=self.group0.read, raft_status=self.group0.status,
             require_ready=self.require_ready, probe=self.endpoint.local_status, injections=self.injections,
             catch_up=self._status_barrier, clock=time.monotonic, check_view=self.check_view,
-            injections_enabled=self.config.enable_injections))
+            injections_enabled=self.config.enable_injections,
+            propose=lambda command: self.group0.propose(command, timeout=20.0)))
         rpc.add_AdminServicer_to_server(self._admin, server)
         rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
             replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,
@@ -276,9 +284,9 @@ class Node:
     def _on_applied(self, _index: int) -> None:
         """group0 applied a command (on the Raft thread: only wake-ups here)."""
         self._schema_changed.set()
-        loop = getattr(self, "view_building", None)  # None while the constructor is still running
-        if loop is not None:
-            loop.notify_applied()
+        for loop in (getattr(self, "view_building", None), getattr(self, "migrations", None)):
+            if loop is not None:  # None while the constructor is still running
+                loop.notify_applied()
 
     def _watch_schema(self) -> None:
         """After each applied command: drop the storage of dropped tables and create that of new ones, wake

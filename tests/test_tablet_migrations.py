@@ -281,3 +281,16 @@ def test_any_sequence_of_moves_keeps_one_live_task_per_unbuilt_replica(steps):
     assert {node for (v, node) in state.build_status if v == view_id} <= holders
     assert all(state.build_status[(view_id, r.node)] == BUILD_STARTED for r, _ in expected)
     assert BUILD_SUCCESS not in {s for (v, _), s in state.build_status.items() if v == view_id}
+
+
+def test_the_driver_steps_of_each_stage():
+    transition = m.TabletTransition("a" * 32, "b" * 32, 0, Replica("n1", 0), Replica("n2", 0), m.STREAMING)
+    assert m.next_step(transition) == m.Step(m.STREAM, m.WRITE_BOTH_READ_NEW)
+    assert m.next_step(m.replace(transition, stage=m.ALLOW_WRITE_BOTH_READ_OLD)) == m.Step(m.BARRIER,
+                                                                                          m.WRITE_BOTH_READ_OLD)
+    assert m.next_step(m.replace(transition, stage=m.CLEANUP)) == m.Step(m.CLEANUP_LEAVING, m.END_MIGRATION)
+    assert m.next_step(m.replace(transition, stage=m.CLEANUP_TARGET)) == m.Step(m.CLEANUP_PENDING,
+                                                                               m.REVERT_MIGRATION)
+    same_node = m.replace(transition, pending=Replica("n1", 1))
+    assert m.next_step(same_node) == m.Step(m.ADVANCE, m.WRITE_BOTH_READ_NEW)
+    assert m.next_step(m.replace(same_node, stage=m.CLEANUP)) == m.Step(m.ADVANCE, m.END_MIGRATION)

@@ -236,6 +236,20 @@ def add_client_parsers(commands) -> None:
     tablets.add_argument("--json", action="store_true", help="one JSON object per tablet")
     tablets.set_defaults(handler=cmd_tablets, parser=tablets)
 
+    tablet = commands.add_parser("tablet", help="tablet operations (move)")
+    tablet_commands = tablet.add_subparsers(dest="tablet_command", metavar="OPERATION", required=True)
+    move = tablet_commands.add_parser("move", parents=[target],
+                                      help="move one replica of a tablet to another node or shard, streaming its rows")
+    move.add_argument("table", type=table_name, metavar="KS.TABLE")
+    move.add_argument("tablet", type=int, metavar="TABLET", help="the tablet's number (see `vbc tablets`)")
+    move.add_argument("from_replica", metavar="FROM", help="the replica that leaves: NODE or NODE:SHARD")
+    move.add_argument("to_replica", metavar="TO", help="where it goes: NODE or NODE:SHARD (default: least loaded shard)")
+    move.add_argument("--no-wait", action="store_true", help="print the migration's id and return at once")
+    move.add_argument("--timeout", type=positive_float, default=3600.0, metavar="S",
+                      help="give up waiting after S seconds (exit status 1; default 3600)")
+    move.add_argument("--json", action="store_true", help="print the migration's final state as JSON")
+    move.set_defaults(handler=cmd_tablet_move, parser=move)
+
     demo = commands.add_parser("demo", help="a 3-node cluster builds a view and an index online, through a leader "
                                             "kill -9 (what `make demo` runs; `vbc demo --help`)", add_help=False)
     demo.set_defaults(handler=demo_elsewhere, parser=demo)
@@ -659,6 +673,36 @@ def cmd_tablets(args: argparse.Namespace) -> int:
             print(json_line(tablet))
     else:
         stdout_console().print(tablets_table(args.table, tablets))
+    return 0
+
+
+def cmd_tablet_move(args: argparse.Namespace) -> int:
+    addresses = target_addresses(args)
+    migration_id = client.move_tablet(addresses, args.table, args.tablet, args.from_replica, args.to_replica)
+    if args.no_wait:
+        print(migration_id)
+        return 0
+    shown: list[str] = []
+
+    def show_stage(current: dict) -> None:
+        if not args.json and current["stage"] and current["stage"] not in shown:
+            shown.append(current["stage"])
+            print(f"migration {migration_id}: {current['stage']}", file=sys.stderr)
+
+    try:
+        result = client.wait_migration(addresses, migration_id, args.timeout, on_progress=show_stage)
+    except TimeoutError as exc:
+        print(f"error: {exc}; it goes on in the background (`vbc tablets {args.table}` shows its stage)",
+              file=sys.stderr)
+        return 1
+    if args.json:
+        print(json_line(result))
+    elif result["state"] == "done":
+        print(f"moved tablet {args.tablet} of {args.table} from {args.from_replica} to {args.to_replica}")
+    if result["state"] != "done":
+        print(f"error: migration {migration_id} {result['state']}: {result['reason'] or 'no reason recorded'}; "
+              f"tablet {args.tablet} stays on {args.from_replica}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -424,7 +424,47 @@ def tablet_to_dict(tablet: pb.TabletInfo) -> dict:
         "first_token": tablet.first_token,
         "last_token": tablet.last_token,
         "replicas": list(tablet.replicas),
+        "stage": tablet.stage or None,
+        "leaving": tablet.leaving or None,
+        "pending": tablet.pending or None,
+        "migration_id": tablet.migration_id or None,
     }
+
+
+def migration_to_dict(info: pb.MigrationInfo) -> dict:
+    return {"migration_id": info.migration_id, "state": info.state, "stage": info.stage or None,
+            "reason": info.reason or None, "table": info.table or None, "tablet": info.tablet,
+            "leaving": info.leaving or None, "pending": info.pending or None}
+
+
+def move_tablet(addr_or_addrs, table: str, tablet: int, from_replica: str, to_replica: str,
+                timeout: float = DEFAULT_TIMEOUT) -> str:
+    """Admin.MoveTablet: start moving replica `from_replica` ("node" or "node:shard") of a tablet to `to_replica`;
+    the migration's id (it runs in the background: see `migration` and `wait_migration`)."""
+    request = pb.MoveTabletRequest(table=table, tablet=tablet, from_replica=from_replica, to_replica=to_replica)
+    return call_any(addr_or_addrs, lambda addr: admin_stub(addr).MoveTablet(request, timeout=timeout)).migration_id
+
+
+def migration(addr_or_addrs, migration_id: str, timeout: float = 10.0) -> dict:
+    """Admin.Migration: where migration `migration_id` is (see `migration_to_dict`)."""
+    request = pb.MigrationRequest(migration_id=migration_id)
+    return migration_to_dict(call_any(addr_or_addrs, lambda addr: admin_stub(addr).Migration(request, timeout=timeout),
+                                      idempotent=True))
+
+
+def wait_migration(addr_or_addrs, migration_id: str, timeout: float, poll: float = 0.2,
+                   on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Wait until the migration is done or reverted; its last state. TimeoutError (with its stage) otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = migration(addr_or_addrs, migration_id)
+        if on_progress is not None:
+            on_progress(current)
+        if current["state"] not in ("in_progress",):
+            return current
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"migration {migration_id} is still at stage {current['stage']} after {timeout:g}s")
+        time.sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
 
 
 def tablets(addr_or_addrs, table: str, timeout: float = 10.0) -> list[dict]:

@@ -46,11 +46,16 @@ def result_table(columns: list[str], types: list[str], rows: list[list]) -> Tabl
 
 def tablets_table(table: str, tablets: list[dict]) -> Table:
     rendered = Table(title=f"tablets of {table}", title_justify="left")
-    for column in ("tablet", "first_token", "last_token", "replicas"):
-        rendered.add_column(column, justify="right" if column != "replicas" else "left")
+    moving = any(tablet.get("stage") for tablet in tablets)
+    for column in ("tablet", "first_token", "last_token", "replicas") + (("migration",) if moving else ()):
+        rendered.add_column(column, justify="right" if column not in ("replicas", "migration") else "left")
     for tablet in tablets:
-        rendered.add_row(cell(tablet["tablet"]), cell(tablet["first_token"]), cell(tablet["last_token"]),
-                         Text(", ".join(tablet["replicas"])))
+        row = [cell(tablet["tablet"]), cell(tablet["first_token"]), cell(tablet["last_token"]),
+               Text(", ".join(tablet["replicas"]))]
+        if moving:
+            row.append(Text(f"{tablet['leaving']} -> {tablet['pending']} ({tablet['stage']})" if tablet.get("stage")
+                            else ""))
+        rendered.add_row(*row)
     return rendered
 
 

@@ -87,6 +87,50 @@ class ExecuteResponse(_message.Message):
     message: str
     def __init__(self, columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class MoveTabletRequest(_message.Message):
+    __slots__ = ("table", "tablet", "from_replica", "to_replica")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    TABLET_FIELD_NUMBER: _ClassVar[int]
+    FROM_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    TO_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    tablet: int
+    from_replica: str
+    to_replica: str
+    def __init__(self, table: _Optional[str] = ..., tablet: _Optional[int] = ..., from_replica: _Optional[str] = ..., to_replica: _Optional[str] = ...) -> None: ...
+
+class MoveTabletResponse(_message.Message):
+    __slots__ = ("migration_id",)
+    MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    migration_id: str
+    def __init__(self, migration_id: _Optional[str] = ...) -> None: ...
+
+class MigrationRequest(_message.Message):
+    __slots__ = ("migration_id",)
+    MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    migration_id: str
+    def __init__(self, migration_id: _Optional[str] = ...) -> None: ...
+
+class MigrationInfo(_message.Message):
+    __slots__ = ("migration_id", "state", "stage", "reason", "table", "tablet", "leaving", "pending")
+    MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    TABLET_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    migration_id: str
+    state: str
+    stage: str
+    reason: str
+    table: str
+    tablet: int
+    leaving: str
+    pending: str
+    def __init__(self, migration_id: _Optional[str] = ..., state: _Optional[str] = ..., stage: _Optional[str] = ..., reason: _Optional[str] = ..., table: _Optional[str] = ..., tablet: _Optional[int] = ..., leaving: _Optional[str] = ..., pending: _Optional[str] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -199,20 +243,22 @@ class ViewStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., base: _Optional[str] = ..., state: _Optional[str] = ..., tasks_total: _Optional[int] = ..., tasks_done: _Optional[int] = ..., progress: _Optional[float] = ..., hosts: _Optional[_Mapping[str, str]] = ..., is_index: _Optional[bool] = ..., rows_done: _Optional[int] = ..., rows_per_s: _Optional[float] = ..., eta_s: _Optional[float] = ..., errors: _Optional[_Iterable[_Union[ViewBuildError, _Mapping]]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("leader", "term", "nodes", "views", "answered_by", "schema_version")
+    __slots__ = ("leader", "term", "nodes", "views", "answered_by", "schema_version", "migrations")
     LEADER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     VIEWS_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     leader: str
     term: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     views: _containers.RepeatedCompositeFieldContainer[ViewStatus]
     answered_by: str
     schema_version: int
-    def __init__(self, leader: _Optional[str] = ..., term: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., views: _Optional[_Iterable[_Union[ViewStatus, _Mapping]]] = ..., answered_by: _Optional[str] = ..., schema_version: _Optional[int] = ...) -> None: ...
+    migrations: _containers.RepeatedCompositeFieldContainer[MigrationInfo]
+    def __init__(self, leader: _Optional[str] = ..., term: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., views: _Optional[_Iterable[_Union[ViewStatus, _Mapping]]] = ..., answered_by: _Optional[str] = ..., schema_version: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[MigrationInfo, _Mapping]]] = ...) -> None: ...
 
 class TabletsRequest(_message.Message):
     __slots__ = ("table",)
@@ -221,16 +267,24 @@ class TabletsRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ...) -> None: ...
 
 class TabletInfo(_message.Message):
-    __slots__ = ("tablet", "first_token", "last_token", "replicas")
+    __slots__ = ("tablet", "first_token", "last_token", "replicas", "stage", "leaving", "pending", "migration_id")
     TABLET_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
     tablet: int
     first_token: int
     last_token: int
     replicas: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tablet: _Optional[int] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
+    stage: str
+    leaving: str
+    pending: str
+    migration_id: str
+    def __init__(self, tablet: _Optional[int] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., stage: _Optional[str] = ..., leaving: _Optional[str] = ..., pending: _Optional[str] = ..., migration_id: _Optional[str] = ...) -> None: ...
 
 class TabletsResponse(_message.Message):
     __slots__ = ("table", "tablets", "table_id")

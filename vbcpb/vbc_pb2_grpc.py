@@ -272,6 +272,16 @@ class AdminStub:
                 request_serializer=vbcpb_dot_vbc__pb2.CheckViewRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.CheckViewResponse.FromString,
                 _registered_method=True)
+        self.MoveTablet = channel.unary_unary(
+                '/vbc.v1.Admin/MoveTablet',
+                request_serializer=vbcpb_dot_vbc__pb2.MoveTabletRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.MoveTabletResponse.FromString,
+                _registered_method=True)
+        self.Migration = channel.unary_unary(
+                '/vbc.v1.Admin/Migration',
+                request_serializer=vbcpb_dot_vbc__pb2.MigrationRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.MigrationInfo.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -305,6 +315,20 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveTablet(self, request, context):
+        """Starts moving one replica of a tablet to another node (or shard); returns at once with the migration's id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Migration(self, request, context):
+        """Where a migration is: in progress (its stage), done, or reverted (and why).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -327,6 +351,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CheckView,
                     request_deserializer=vbcpb_dot_vbc__pb2.CheckViewRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.CheckViewResponse.SerializeToString,
+            ),
+            'MoveTablet': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveTablet,
+                    request_deserializer=vbcpb_dot_vbc__pb2.MoveTabletRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.MoveTabletResponse.SerializeToString,
+            ),
+            'Migration': grpc.unary_unary_rpc_method_handler(
+                    servicer.Migration,
+                    request_deserializer=vbcpb_dot_vbc__pb2.MigrationRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.MigrationInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -439,6 +473,60 @@ class Admin:
             '/vbc.v1.Admin/CheckView',
             vbcpb_dot_vbc__pb2.CheckViewRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.CheckViewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveTablet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/MoveTablet',
+            vbcpb_dot_vbc__pb2.MoveTabletRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.MoveTabletResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Migration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/Migration',
+            vbcpb_dot_vbc__pb2.MigrationRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.MigrationInfo.FromString,
             options,
             channel_credentials,
             insecure,

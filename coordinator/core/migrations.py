@@ -28,6 +28,7 @@ from . import view_building
 from .commands import AdvanceTabletMigration, StartTabletMigration
 from .errors import FailedPrecondition, InvalidArgument, NotFound, StaleTerm
 from .ids import check_id, derived_id
+from .placement import replica_loads
 from .schema import Replica, TabletMap
 
 if TYPE_CHECKING:
@@ -264,3 +265,65 @@ def forget_table(state: Group0State, table_id: str) -> None:
 
 def new_results() -> OrderedDict[str, MigrationResult]:
     return OrderedDict()
+
+
+# ------------------------------------------------------------------ what the leader's driver does next
+
+BARRIER = "barrier"  # every node applied the stage and finished the writes begun before it
+STREAM = "stream"  # the pending replica pulls the tablet's rows from the leaving one
+CLEANUP_LEAVING = "cleanup_leaving"  # the leaving replica drops the tablet's rows
+CLEANUP_PENDING = "cleanup_pending"  # the pending replica drops what it received
+ADVANCE = "advance"  # nothing to do but propose the next stage
+
+
+@dataclass(frozen=True)
+class Step:
+    """The driver's next action for a migration, and the stage to propose once it succeeded."""
+
+    action: str
+    to_stage: str
+
+
+def next_step(transition: TabletTransition) -> Step:
+    """What the leader does for `transition` in its current stage (a failed STREAM rolls back instead)."""
+    stage, moves = transition.stage, transition.moves_data
+    to_stage = NEXT_STAGE[stage]
+    if stage == STREAMING:
+        return Step(STREAM if moves else ADVANCE, to_stage)
+    if stage == CLEANUP:
+        return Step(CLEANUP_LEAVING if moves else ADVANCE, to_stage)
+    if stage == CLEANUP_TARGET:
+        return Step(CLEANUP_PENDING if moves else ADVANCE, to_stage)
+    return Step(BARRIER, to_stage)
+
+
+# ------------------------------------------------------------------ a move as an operator names it
+
+
+def parse_replica(text: str) -> tuple[str, int | None]:
+    """"node" or "node:shard" -> (node, shard or None); InvalidArgument otherwise."""
+    node, sep, shard = text.strip().partition(":")
+    if not node or (sep and not shard.isdigit()):
+        raise InvalidArgument(f"give a replica as NODE or NODE:SHARD, got {text!r}")
+    return node, int(shard) if sep else None
+
+
+def resolve_move(state: Group0State, table_id: str, tablet_id: int, leaving_text: str,
+                 pending_text: str) -> tuple[Replica, Replica]:
+    """The (leaving, pending) replicas of an operator's move: a node without a shard means its replica of the
+    tablet (leaving) or its least loaded shard (pending)."""
+    tablet_map = state.tablets[table_id]
+    if not 0 <= tablet_id < tablet_map.tablet_count:
+        raise InvalidArgument(f"the table has tablets 0..{tablet_map.tablet_count - 1}, not {tablet_id}")
+    node, shard = parse_replica(leaving_text)
+    held = [r for r in tablet_map.replicas[tablet_id] if r.node == node and shard in (None, r.shard)]
+    if not held:
+        raise InvalidArgument(f"{leaving_text} holds no replica of tablet {tablet_id} (its replicas: "
+                              f"{', '.join(map(str, tablet_map.replicas[tablet_id]))})")
+    node, shard = parse_replica(pending_text)
+    if shard is None:
+        if node not in state.nodes:
+            raise InvalidArgument(f"unknown node {node!r} (nodes: {', '.join(sorted(state.nodes))})")
+        _, per_shard = replica_loads(state.tablets.values())
+        shard = min(range(state.nodes[node].shards), key=lambda s: (per_shard[Replica(node, s)], s))
+    return held[0], Replica(node, shard)
