@@ -19,7 +19,11 @@ schedule must build every view. Checked at every step:
 - a worker starts a batch only under its node's current Raft term, never for a task it holds as finished, never on
   a shard already running a batch, never twice for one task at once;
 - every batch a loop sends shares type, base, replica and tablet, one task per view, none it holds as finished;
-- `LeaderLoop.validate()` after every event it handles.
+- `LeaderLoop.validate()` after every event it handles;
+- tablets move meanwhile (`coordinator.core.migrations`): migrations start, the leader's driver (the real `next_step`
+  and `AdvanceTabletMigration`) advances them, streams fail and roll back, stale drivers' commands are refused;
+  when a view is BUILT, every replica of every tablet of its base had a finished task of the view, or was streamed
+  from a replica that had one before its migration started.
 """
 from __future__ import annotations
 
@@ -38,8 +42,10 @@ from coordinator.core.commands import (
     CreateTable,
     CreateView,
     DropView,
+    AdvanceTabletMigration,
     FinishViewBuildingTasks,
     RegisterNode,
+    StartTabletMigration,
     WhereTerm,
 )
 from coordinator.core.errors import CoreError, StaleTerm, Unavailable
@@ -57,6 +63,7 @@ from coordinator.core.leader_loop import (
     SendBatch,
     Tick,
 )
+from coordinator.core import migrations
 from coordinator.core.planner import Backoff
 from coordinator.core.schema import BUILD_SUCCESS
 from coordinator.core.state import Group0State
@@ -145,6 +152,7 @@ class Simulation:
         self.views_made = 0
         self.cmd_ids = 0
         self.cmd_ids_applied: set[str | None] = set()
+        self.covered: set[tuple[str, str, int, object]] = set()  # (view, base, tablet, replica) holding its rows
         for node in self.nodes.values():
             self.append(RegisterNode(node_id=node.id, grpc="g", raft="r", shards=shards, cmd_id=None))
         self.append(CreateKeyspace(name="ks", rf=rng.randint(1, count), initial_tablets=rng.choice((1, 2, 4)),
@@ -165,7 +173,8 @@ class Simulation:
 
     def append(self, command: Command, proposer_term: int | None = None) -> CoreError | None:
         """Commit `command` to the log; check what applying it did. The refusal, if any."""
-        before_tasks = set(self.truth.tasks)
+        before_tasks = dict(self.truth.tasks)
+        before_moves = dict(self.truth.transitions)
         before_term = self.truth.view_building_term
         outcome = self.truth.apply(command)
         self.log.append(command)
@@ -175,13 +184,18 @@ class Simulation:
             assert isinstance(outcome.error, StaleTerm), outcome
             self.stats["stale commands refused"] += 1
         assert self.truth.view_building_term >= before_term
-        removed = before_tasks - set(self.truth.tasks)
+        removed = set(before_tasks) - set(self.truth.tasks)
         if isinstance(command, FinishViewBuildingTasks):
             assert removed <= set(self.recorded), f"removed tasks nobody recorded: {removed - set(self.recorded)}"
             rows = dict(zip(command.task_ids, command.rows_scanned or (0,) * len(command.task_ids)))
             assert all(rows[i] == self.recorded[i] for i in removed), "a task removed with another batch's rows"
+            self.covered |= {(t.view_id, t.base_id, t.tablet_id, t.replica) for t in map(before_tasks.get, removed)}
+        if isinstance(command, AdvanceTabletMigration) and outcome.ok and command.to_stage == migrations.END_MIGRATION:
+            moved = before_moves[(command.table_id, command.tablet_id)]
+            self.covered |= {(view, base, tablet, moved.pending) for view, base, tablet, replica in self.covered
+                             if (base, tablet, replica) == (moved.table_id, moved.tablet_id, moved.leaving)}
         if isinstance(command, CreateView) and outcome.ok:
-            self.created[command.id] = set(self.truth.tasks) - before_tasks
+            self.created[command.id] = set(self.truth.tasks) - set(before_tasks)
         self.check_state()
         return outcome.error
 
@@ -195,12 +209,76 @@ class Simulation:
                 continue
             if truth.view_is_built(view_id):
                 assert not any(True for _ in truth.tasks_of_view(view_id))
-                assert self.created[view_id] <= set(self.recorded), "BUILT with tasks never recorded"
+                self.check_covered(view_id)
             progress = truth.view_progress(view_id)
             now = (progress["rows_done"], progress["tasks_done"])
             before = self.progress.get(view_id, (0, 0))
             assert now[0] >= before[0] and now[1] >= before[1], f"progress of {view_id} went back: {before} -> {now}"
             self.progress[view_id] = now
+
+    def check_covered(self, view_id: str) -> None:
+        base = self.truth.tables[view_id].view.base_id
+        for tablet, replicas in enumerate(self.truth.tablets[base].replicas):
+            for replica in replicas:
+                assert (view_id, base, tablet, replica) in self.covered, \
+                    f"BUILT, but replica {replica} of tablet {tablet} never built nor streamed from a built one"
+
+    # ------------------------------------------------------------- tablet migrations
+
+    def migration_step(self) -> None:
+        if self.rng.random() < 0.3 or not self.truth.transitions:
+            self.start_migration()
+        else:
+            moving = sorted(self.truth.transitions.values(), key=lambda t: t.migration_id)
+            self.drive_migration(self.rng.choice(moving), faults=True)
+
+    def start_migration(self) -> None:
+        rng, truth = self.rng, self.truth
+        base = rng.choice((f"{1:032x}", f"{2:032x}"))
+        tablet_map = truth.tablets[base]
+        tablet = rng.randrange(tablet_map.tablet_count)
+        replicas = tablet_map.replicas[tablet]
+        leaving = rng.choice(replicas)
+        free = sorted(n for n in self.nodes if n not in {r.node for r in replicas})
+        pending_node = rng.choice(free) if free else leaving.node
+        pending_shard = rng.randrange(self.nodes[pending_node].shards)
+        if (pending_node, pending_shard) == (leaving.node, leaving.shard):
+            return
+        outcome = self.append(StartTabletMigration(
+            migration_id=f"{rng.getrandbits(128):032x}", table_id=base, tablet_id=tablet, leaving_node=leaving.node,
+            leaving_shard=leaving.shard, pending_node=pending_node, pending_shard=pending_shard, cmd_id=None))
+        self.stats["migrations started" if outcome is None else "migrations refused"] += 1
+
+    def drive_migration(self, transition, faults: bool) -> None:
+        """One step of the leader's driver (or of a deposed leader's one, believing it still leads)."""
+        rng = self.rng
+        drivers = [n for n in self.nodes.values() if n.up and n.leading]
+        if not drivers:
+            return
+        driver = rng.choice(drivers) if faults else self.nodes[self.leader]
+        step = migrations.next_step(transition)
+        to_stage, reason = step.to_stage, ""
+        if faults and step.action == migrations.BARRIER and rng.random() < 0.2:
+            self.stats["migration barriers retried"] += 1
+            return
+        if faults and step.action == migrations.STREAM and rng.random() < 0.3:
+            to_stage, reason = migrations.CLEANUP_TARGET, "stream failed"
+            self.stats["migrations rolled back"] += 1
+        newest = self.truth._migration_term
+        refusal = self.append(AdvanceTabletMigration(
+            term=driver.raft_term, migration_id=transition.migration_id, table_id=transition.table_id,
+            tablet_id=transition.tablet_id, from_stage=transition.stage, to_stage=to_stage, reason=reason,
+            cmd_id=None))
+        if driver.raft_term < newest:
+            assert isinstance(refusal, StaleTerm), refusal
+            self.stats["stale migration commands refused"] += 1
+        elif refusal is None and to_stage == migrations.END_MIGRATION:
+            self.stats["migrations done"] += 1
+
+    def finish_migrations(self) -> None:
+        while self.truth.transitions:
+            for transition in sorted(self.truth.transitions.values(), key=lambda t: t.migration_id):
+                self.drive_migration(transition, faults=False)
 
     def catch_up(self, node: Node, index: int) -> None:
         """Apply the log on `node` up to `index` (replication, or the worker's read barrier)."""
@@ -423,6 +501,8 @@ class Simulation:
             self.create_view()
         elif roll < 0.985:
             self.drop_view()
+        if rng.random() < 0.15:
+            self.migration_step()
 
     def replicate(self, node: Node) -> None:
         if not node.up:
@@ -455,7 +535,8 @@ class Simulation:
             finished, rows = finished[:keep], rows[:keep]
             self.stats["partial answers"] += 1
         else:
-            foreign = sorted(set(self.truth.tasks) - set(self.recorded))
+            own = set(reply.request.send.batch.task_ids)  # a worker never claims an unfinished task of its own batch
+            foreign = sorted(set(self.truth.tasks) - set(self.recorded) - own)
             if not foreign:
                 return reply
             extra = self.rng.sample(foreign, min(2, len(foreign)))
@@ -513,6 +594,7 @@ class Simulation:
 
     def fair_round(self) -> None:
         leader = self.nodes[self.leader]
+        self.finish_migrations()
         self.step_loop(leader)
         self.drain_network()
         for node in self.nodes.values():
@@ -533,7 +615,8 @@ class Simulation:
     def done(self) -> bool:
         truth = self.truth
         views = [t.id for t in truth.tables.values() if t.view is not None]
-        return (not truth.tasks and truth.processing_base is None and all(truth.view_is_built(v) for v in views)
+        return (not truth.tasks and not truth.transitions and truth.processing_base is None
+                and all(truth.view_is_built(v) for v in views)
                 and all(s == BUILD_SUCCESS for s in truth.build_status.values()))
 
 
@@ -562,7 +645,8 @@ COVERAGE = ("stale commands refused", "leader changes", "messages lost", "messag
             "worker refused: FAILED_PRECONDITION", "worker refused: UNAVAILABLE", "batches cancelled",
             "tasks that left a running batch", "ledger prunes", "loops that noticed they were deposed",
             "partial answers", "foreign ids in answers", "worker crashes between recording and answering",
-            "snapshot installs", "proposals lost", "proposals committed after their proposer gave up")
+            "snapshot installs", "proposals lost", "proposals committed after their proposer gave up",
+            "migrations started", "migrations done", "migrations rolled back", "stale migration commands refused")
 COVERAGE_SEEDS = range(200)
 
 
