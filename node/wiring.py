@@ -128,7 +128,8 @@ class Node:
         transport = InternodeTransport(self.peers)
         self.local = LocalData(self.node_id, self.store, SchemaAccess(self.group0.read, self.catch_up, self.inflight),
                                transport, self.injections, self.metrics, read_outbox_version_1=batch_from_proto_bytes)
-        self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, transport, self.injections)
+        self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, transport, self.injections,
+                                       track_write=lambda: self.inflight.track(self.schema_version))
         self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, transport)
         self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections, self.metrics,
                                  config.limits, schema_agreement=self.schema_agreement)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 import numpy as np
@@ -34,12 +35,15 @@ class WriteCoordinator:
     """Sends a write's rows to all replicas and succeeds only when every replica applied them."""
 
     def __init__(self, node_id: str, read_state: Callable, local: LocalBaseReplica, transport: ReplicaTransport,
-                 injections: Injections):
+                 injections: Injections, track_write: Callable[[], AbstractContextManager] = nullcontext):
         self.node_id = node_id
         self._read_state = read_state
         self._local = local
         self._transport = transport
         self._injections = injections
+        # registers a write with the schema version it is routed under until every replica answered, so that a
+        # barrier at a newer version (a tablet migration's) waits for the writes routed the old way
+        self._track_write = track_write
 
     def write(self, mutations: list[tuple[Table, Row]], timestamp: int) -> None:
         """Apply every (table, row) on all replicas of the row's tablet, remote ones in parallel with the local one.
@@ -48,14 +52,16 @@ class WriteCoordinator:
         Raises NotFound when a replica found the table dropped: replicas first catch up with the schema
         version the write was routed with, so a replica that does not know the table saw it dropped.
         """
-        batches = self._read_state(lambda s: route(s, mutations, timestamp))
-        self._send(batches, sorted({t.qualified_name for t, _ in mutations}))
+        with self._track_write():
+            batches = self._read_state(lambda s: route(s, mutations, timestamp))
+            self._send(batches, sorted({t.qualified_name for t, _ in mutations}))
 
     def write_columns(self, table: Table, mutations: pa.Table, timestamp: int) -> None:
         """Like `write`, for mutations of one table given as columns (storage.arrow_layouts' mutation layout):
         routed with whole-column operations and sent as Arrow."""
-        batches = self._read_state(lambda s: route_columns(s, table, mutations, timestamp))
-        self._send(batches, [table.qualified_name])
+        with self._track_write():
+            batches = self._read_state(lambda s: route_columns(s, table, mutations, timestamp))
+            self._send(batches, [table.qualified_name])
 
     def _send(self, batches: list[tuple[str, RowBatch]], tables: list[str]) -> None:
         self._injections.hit("write.coordinator.before_send")

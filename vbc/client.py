@@ -419,16 +419,17 @@ def check(addr_or_addrs, view: str, max_examples: int = 5, timeout: float = 600.
 
 
 def tablet_to_dict(tablet: pb.TabletInfo) -> dict:
-    return {
+    """The tablet's range and replicas; while it moves, also its stage, leaving and pending replica and migration."""
+    info = {
         "tablet": tablet.tablet,
         "first_token": tablet.first_token,
         "last_token": tablet.last_token,
         "replicas": list(tablet.replicas),
-        "stage": tablet.stage or None,
-        "leaving": tablet.leaving or None,
-        "pending": tablet.pending or None,
-        "migration_id": tablet.migration_id or None,
     }
+    if tablet.stage:
+        info.update(stage=tablet.stage, leaving=tablet.leaving, pending=tablet.pending,
+                    migration_id=tablet.migration_id)
+    return info
 
 
 def migration_to_dict(info: pb.MigrationInfo) -> dict:
