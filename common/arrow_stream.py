@@ -56,7 +56,8 @@ def _split(data: bytes, size: int) -> Iterator[bytes]:
         yield data[start:start + size]
 
 
-def batch_stream_pieces(schema: pa.Schema, tables: Iterable[pa.Table], piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
+def batch_stream_pieces(schema: pa.Schema, tables: Iterable[pa.Table],
+                        piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
     """ONE IPC stream of `schema` holding each table of `tables` as one record batch (empty ones left out), cut into
     pieces of at most `piece_bytes`; each table is taken only once the previous one's pieces were taken."""
     sink = _Pieces()

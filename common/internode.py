@@ -264,11 +264,13 @@ class TabletRowsCall:
         self._done: pb.TabletRowsPiece | None = None
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        received = 0
+        received, pieces = 0, self._pieces()
         try:
-            for batch in batches_from_pieces(self._pieces()):
+            for batch in batches_from_pieces(pieces):
                 received += batch.num_rows
                 yield batch
+            for _ in pieces:  # the IPC stream ended: read on to the source's last message
+                pass
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         except ValueError as error:

@@ -151,8 +151,8 @@ def tablet_windows(store: NodeStore, spec: TableSpec, first_token: int, last_tok
 class TabletStreams:
     """This node's tablet streams and cleanups (see the module docstring)."""
 
-    def __init__(self, store: NodeStore, find_table: Callable[[str], Table | None], ensure_table: Callable[[Table], None],
-                 catch_up: Callable[[int], None], source: TabletSource, injections: Injections, metrics: NodeMetrics,
+    def __init__(self, store: NodeStore, find_table: Callable[[str], Table | None],
+                 ensure_table: Callable[[Table], None], catch_up: Callable[[int], None], source: TabletSource, injections: Injections, metrics: NodeMetrics,
                  node_id: str):
         self._store = store
         self._find_table = find_table

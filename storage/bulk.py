@@ -628,7 +628,8 @@ def _stored_chunk_merger(spec: TableSpec, backend: _Backend):
             (lambda params: _SQLITE_CHILDREN.run("merge", backend, sql, params)))
 
 
-def merge_stored_rows(store: NodeStore, spec: TableSpec, rows: pa.Table, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
+def merge_stored_rows(store: NodeStore, spec: TableSpec, rows: pa.Table, *,
+                      chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
     """Merge rows in the storage layout (as `read_token_range(..., include_tombstones=True)` returns them from
     another replica) into the table, per cell last-write-wins; the number of rows whose stored state changed.
 
