@@ -11,7 +11,10 @@ Ours: the seconds of one `Internode.StreamTablet` call to the other node (it rea
 `ReadTabletRows`: ADBC windows of 65,536 rows in a child process, Arrow IPC over gRPC, and merges each window with
 the last-write-wins upsert in its own child process), then `CleanupTablet` (not measured) before the next run.
 Baseline: SQLite alone, one process: `ATTACH` the holder's database to a fresh database holding the same empty
-table and `INSERT INTO t SELECT * FROM src.t` in one transaction (a plain copy: no conflict rule, no network).
+table and `INSERT INTO t SELECT * FROM src.t` in one transaction (a plain copy: no conflict rule, no network; SQLite
+copies the rows of two tables of one layout without decoding them). Reference, also printed: the same statement
+with the write path's last-write-wins `ON CONFLICT` rule (`storage.upsert.last_write_wins_sql`), the work a merge
+into a replica that may already hold rows must do.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from bench.build import fill  # noqa: E402
 from bench.bulk import BASE  # noqa: E402
 from storage.cells import TableSpec  # noqa: E402
 from storage.store import NodeStore, physical_table_name  # noqa: E402
+from storage.upsert import last_write_wins_sql  # noqa: E402
 from vbc import client  # noqa: E402
 from vbc import cluster as cluster_mod  # noqa: E402
 from vbcpb import vbc_pb2 as pb  # noqa: E402
@@ -38,8 +42,9 @@ from vbcpb import vbc_pb2 as pb  # noqa: E402
 STREAM_TIMEOUT = 1800.0
 
 
-def attach_copy(source: Path, spec: TableSpec, directory: Path) -> float:
-    """Seconds SQLite takes to copy the table from `source` into a fresh database with ATTACH + INSERT ... SELECT."""
+def attach_copy(source: Path, spec: TableSpec, directory: Path, merge: bool = False) -> float:
+    """Seconds SQLite takes to copy the table from `source` into a fresh database with ATTACH + INSERT ... SELECT
+    (with `merge`: the same statement with the last-write-wins ON CONFLICT rule of the write path)."""
     target = directory / f"copy-{uuid.uuid4().hex}.db"
     with NodeStore(f"sqlite:///{target}") as store:
         store.ensure_table(spec)
@@ -49,7 +54,10 @@ def attach_copy(source: Path, spec: TableSpec, directory: Path) -> float:
     started = time.perf_counter()
     db.execute(f"ATTACH DATABASE '{source}' AS src")
     db.execute("BEGIN IMMEDIATE")
-    db.execute(f"INSERT INTO main.{table} SELECT * FROM src.{table}")
+    if merge:
+        db.execute(last_write_wins_sql(spec, True, f"SELECT * FROM src.{table} WHERE true", full_rows=False))
+    else:
+        db.execute(f"INSERT INTO main.{table} SELECT * FROM src.{table}")
     db.execute("COMMIT")
     seconds = time.perf_counter() - started
     copied = db.execute(f"SELECT count(*) FROM main.{table}").fetchone()[0]
@@ -77,7 +85,7 @@ def run(rows: int, runs: int) -> None:
 
 
 def measure(data_dir: Path, addresses: dict[str, str], rows: int, runs: int,
-            tmp: Path) -> tuple[list[float], list[float], int]:
+            tmp: Path) -> tuple[list[float], list[float], list[float], int]:
     any_node = list(addresses.values())
     client.execute(any_node, "CREATE KEYSPACE b WITH replication = {'rf': 1} AND tablets = {'initial': 1}")
     client.execute(any_node, "CREATE TABLE b.tab (key int, c int, v text, PRIMARY KEY (key, c))")
@@ -88,7 +96,7 @@ def measure(data_dir: Path, addresses: dict[str, str], rows: int, runs: int,
     spec = TableSpec(response.table_id, BASE.partition_key, BASE.clustering_key, BASE.regular)
     holder_db = Path(next(n for n in cluster_mod.load_cluster(data_dir)["nodes"] if n["id"] == holder)["data_dir"])
     fill(holder_db / "storage.db", spec, rows)
-    ours, baseline, streamed = [], [], 0
+    ours, baseline, merged, streamed = [], [], [], 0
     stub = client.internode_stub(addresses[other])
     for number in range(runs):
         status = client.local_status(addresses[other])
@@ -103,15 +111,18 @@ def measure(data_dir: Path, addresses: dict[str, str], rows: int, runs: int,
                                                    last_token=tablet.last_token,
                                                    schema_version=status["schema_version"]), timeout=STREAM_TIMEOUT)
         baseline.append(attach_copy(holder_db / "storage.db", spec, tmp))
-    return ours, baseline, streamed
+        merged.append(attach_copy(holder_db / "storage.db", spec, tmp, merge=True))
+    return ours, baseline, merged, streamed
 
 
-def report(rows: int, ours: list[float], baseline: list[float], streamed: int) -> None:
+def report(rows: int, ours: list[float], baseline: list[float], merged: list[float], streamed: int) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent.parent).stdout.strip()
     print(f"tablet stream of {rows:,} rows between 2 nodes (commit {commit}); {streamed:,} rows streamed per run")
     print(f"  ours (StreamTablet):             {', '.join(f'{s:.2f}' for s in ours)} s")
     print(f"  baseline (ATTACH + INSERT ... SELECT): {', '.join(f'{s:.2f}' for s in baseline)} s")
+    print(f"  reference (same, ON CONFLICT last-write-wins): {', '.join(f'{s:.2f}' for s in merged)} s "
+          f"(ours / it: {statistics.median(ours) / statistics.median(merged):.2f}x)")
     ratio = statistics.median(ours) / statistics.median(baseline)
     print(f"  median ours {statistics.median(ours):.2f} s, baseline {statistics.median(baseline):.2f} s, "
           f"ratio {ratio:.2f}x")
