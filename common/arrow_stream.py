@@ -54,3 +54,59 @@ def table_from_pieces(pieces: Iterable[bytes]) -> pa.Table:
 def _split(data: bytes, size: int) -> Iterator[bytes]:
     for start in range(0, len(data), size):
         yield data[start:start + size]
+
+
+def batch_stream_pieces(schema: pa.Schema, tables: Iterable[pa.Table],
+                        piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
+    """ONE IPC stream of `schema` holding each table of `tables` as one record batch (empty ones left out), cut into
+    pieces of at most `piece_bytes`; each table is taken only once the previous one's pieces were taken."""
+    sink = _Pieces()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        yield from _split(sink.take(), piece_bytes)
+        for table in tables:
+            if table.num_rows:
+                writer.write_batch(table.combine_chunks().to_batches()[0])
+                yield from _split(sink.take(), piece_bytes)
+    yield from _split(sink.take(), piece_bytes)
+
+
+class _PieceReader:
+    """A read-only file object over IPC stream pieces, pulling the next piece when the ones read are used up."""
+
+    def __init__(self, pieces: Iterator[bytes]) -> None:
+        self._pieces = pieces
+        self._buffer = b""
+        self._position = 0
+        self.closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) - self._position < size:
+            piece = next(self._pieces, None)
+            if piece is None:
+                break
+            self._buffer = self._buffer[self._position:] + piece
+            self._position = 0
+        end = len(self._buffer) if size < 0 else self._position + size
+        data = self._buffer[self._position:end]
+        self._position += len(data)
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def batches_from_pieces(pieces: Iterable[bytes]) -> Iterator[pa.RecordBatch]:
+    """The record batches of the IPC stream whose pieces `pieces` are, each as soon as its pieces arrived;
+    ValueError when they do not form one stream."""
+    try:
+        reader = pa.ipc.open_stream(pa.PythonFile(_PieceReader(iter(pieces)), mode="r"))
+        while True:
+            try:
+                yield reader.read_next_batch()
+            except StopIteration:
+                return
+    except (pa.ArrowInvalid, OSError) as error:
+        raise ValueError(f"not an Arrow IPC stream: {error}") from None

@@ -21,6 +21,9 @@ KNOWN_POINTS = {
     "worker_pause_build_range": "a view building batch, before it scans its tablet replica",
     "worker_fail_build_range": "a view building batch, before it scans (fail mode: the batch fails)",
     "worker_pause_before_finish": "a view building batch whose view rows are applied, before it is recorded finished",
+    "stream_tablet_fail": "a pending replica streaming a tablet, before it merges each window of rows (fail mode: "
+                          "the stream fails)",
+    "pause_tablet_migration_stage": "the group0 leader's tablet migration driver, between the stages of a migration",
 }
 
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from coordinator.core.errors import ERRORS_BY_CODE, CoreError, Unavailable
 
-from common.arrow_stream import ipc_pieces, table_from_pieces
+from common.arrow_stream import batches_from_pieces, ipc_pieces, table_from_pieces
 from common.codec import batch_to_proto, row_to_proto, scan_page_from_proto, scan_request_to_proto
 from common.peers import Peers
 from common.stream_pool import Exchange, start_exchange
@@ -27,6 +27,8 @@ REPLICA_WRITE_SECONDS_PER_ROW = 0.005  # a replica applies a large batch (with i
 VIEW_UPDATE_TIMEOUT = 5.0
 VIEW_ROWS_TIMEOUT = 600.0  # a whole stream of view rows: merging a million rows takes seconds
 SCAN_TIMEOUT = 600.0  # a whole streamed scan; pages are flow-controlled by the consumer
+TABLET_STREAM_TIMEOUT = 600.0  # a whole tablet stream (StreamTablet, and the source read it makes)
+TABLET_CLEANUP_TIMEOUT = 120.0
 # A schema statement's wait for every node to apply it (CQL drivers wait up to 10 s): with the propose's 20 s
 # (cql.ddl.DDL_TIMEOUT) it stays within a client's 30 s deadline.
 SCHEMA_AGREEMENT_TIMEOUT = 5.0
@@ -186,6 +188,42 @@ class InternodeTransport:
             raise Unavailable(f"{node} sent {rows.num_rows} rows of {table_id}, announced {chunks[0].rows}")
         return rows
 
+    def stream_tablet(self, node: str, term: int, migration_id: str, table_id: str, first_token: int,
+                      last_token: int, source_node: str, schema_version: int) -> int:
+        """Have `node` pull a token range's rows of a table from `source_node` and merge them (its pending replica);
+        the rows streamed for the migration there."""
+        request = pb.StreamTabletRequest(term=term, migration_id=migration_id, table_id=table_id,
+                                         first_token=first_token, last_token=last_token, source_node=source_node,
+                                         schema_version=schema_version)
+        try:
+            return self._peers.internode(node).StreamTablet(request, timeout=TABLET_STREAM_TIMEOUT).rows
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+    def cleanup_tablet(self, node: str, term: int, migration_id: str, table_id: str, first_token: int,
+                       last_token: int, schema_version: int) -> int:
+        """Delete `node`'s rows (tombstones too) of a table's token range; the number deleted."""
+        request = pb.CleanupTabletRequest(term=term, migration_id=migration_id, table_id=table_id,
+                                          first_token=first_token, last_token=last_token,
+                                          schema_version=schema_version)
+        try:
+            return self._peers.internode(node).CleanupTablet(request, timeout=TABLET_CLEANUP_TIMEOUT).rows
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+    def read_tablet_rows(self, node: str, table_id: str, schema_version: int, first_token: int, last_token: int,
+                         after_token: int | None = None, batch_rows: int = 0) -> TabletRowsCall:
+        """Start reading `node`'s stored rows of a token range (tombstones included, storage layout, token order;
+        only tokens above `after_token` when given); iterate the answer for its record batches."""
+        request = pb.ReadTabletRowsRequest(table_id=table_id, first_token=first_token, last_token=last_token,
+                                           schema_version=schema_version, after_token=after_token,
+                                           batch_rows=batch_rows)
+        try:
+            call = self._peers.internode(node).ReadTabletRows(request, timeout=TABLET_STREAM_TIMEOUT)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        return TabletRowsCall(node, table_id, call)
+
     def schema_agreement(self, nodes: list[str], version: int,
                          timeout: float = SCHEMA_AGREEMENT_TIMEOUT, schema_only: bool = True) -> list[str]:
         """Wait, up to `timeout` in all, until each of `nodes` has applied schema `version` (its SchemaBarrier; and,
@@ -220,3 +258,40 @@ def _barrier_failure(error: grpc.RpcError, timeout: float) -> str:
     if error.code() is grpc.StatusCode.UNAVAILABLE:
         return f"unreachable or still applying ({error.details()})"
     return error_from_rpc(error).message
+
+
+class TabletRowsCall:
+    """A ReadTabletRows call in flight: its record batches as they arrive (each ends at a token boundary); a stream
+    that ends before the source said it was done, or holds other than the rows it counted, fails `Unavailable`.
+    `cancel()` (from any thread) ends the call."""
+
+    def __init__(self, node: str, table_id: str, call) -> None:
+        self._node, self._table_id, self._call = node, table_id, call
+        self._done: pb.TabletRowsPiece | None = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        received, pieces = 0, self._pieces()
+        try:
+            for batch in batches_from_pieces(pieces):
+                received += batch.num_rows
+                yield batch
+            for _ in pieces:  # the IPC stream ended: read on to the source's last message
+                pass
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        except ValueError as error:
+            raise Unavailable(f"{self._node} sent rows of {self._table_id} that do not decode: {error}") from None
+        if self._done is None or self._done.rows != received:
+            announced = "no end" if self._done is None else f"{self._done.rows} rows"
+            raise Unavailable(f"the stream of {self._table_id}'s rows from {self._node} was cut short: "
+                              f"{received} rows received, {announced} announced")
+
+    def _pieces(self) -> Iterator[bytes]:
+        for piece in self._call:
+            if piece.done:
+                self._done = piece
+                return
+            yield piece.ipc
+
+    def cancel(self) -> None:
+        self._call.cancel()

@@ -32,6 +32,14 @@ class NodeMetrics:
         self.raft_applied = Gauge("vbc_raft_applied_index", "group0 commands applied on this node", registry=r)
         self.raft_leader = Gauge("vbc_raft_is_leader", "1 when this node is the group0 leader", registry=r)
         self.schema_version = Gauge("vbc_schema_version", "Schema version applied on this node", registry=r)
+        # tablet migration's data plane
+        self.tablet_rows_streamed = Counter("vbc_tablet_streamed_rows_total",
+                                            "Rows this node pulled from source replicas and merged (tablet streams)",
+                                            registry=r)
+        self.tablet_streams = Counter("vbc_tablet_streams_total", "Tablet streams run on this node, by outcome",
+                                      ["outcome"], registry=r)
+        self.tablet_cleanup_rows = Counter("vbc_tablet_cleanup_rows_total",
+                                           "Rows deleted by tablet cleanups on this node", registry=r)
         # the view building loop (runs on the group0 leader only)
         self.view_building_rounds = Counter("vbc_view_building_loop_rounds_total",
                                             "Rounds of the view building loop", registry=r)

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.arrow_stream import ipc_pieces, table_from_pieces
+from common.arrow_stream import batch_stream_pieces, ipc_pieces, table_from_pieces
 from common.open_calls import OpenCalls
 from common.codec import batch_from_proto, scan_page_to_proto, scan_request_from_proto
 from coordinator.core.errors import InvalidArgument
 from common.status import streaming, unary
 from replica.local import LocalData
+from replica.streaming import WINDOW_ROWS, TabletStream
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
 
@@ -27,6 +28,7 @@ class InternodeDeps:
     wait_schema_applied: Callable[[int, float], None]
     wait_schema_version: Callable[[int, float], None]
     open_calls: OpenCalls
+    raft_term: Callable[[], int] = lambda: 0  # this node's Raft term: StreamTablet/CleanupTablet fence on it
 
 
 class InternodeService(rpc.InternodeServicer):
@@ -95,6 +97,38 @@ class InternodeService(rpc.InternodeServicer):
         for position, piece in enumerate(ipc_pieces(rows)):
             yield pb.ArrowChunk(table_id=request.table_id, ipc=piece,
                                 rows=rows.num_rows if position == 0 else 0)
+
+    @unary
+    def StreamTablet(self, request, context):
+        stream = TabletStream(term=request.term, migration_id=request.migration_id, table_id=request.table_id,
+                              first_token=request.first_token, last_token=request.last_token,
+                              source_node=request.source_node, schema_version=request.schema_version)
+        result = self._deps.replica.stream_tablet(stream, current_term=self._deps.raft_term())
+        return pb.StreamTabletResponse(rows=result.rows, seconds=result.seconds)
+
+    @unary
+    def CleanupTablet(self, request, context):
+        rows = self._deps.replica.cleanup_tablet(request.term, self._deps.raft_term(), request.migration_id,
+                                                 request.table_id, request.first_token, request.last_token,
+                                                 request.schema_version)
+        return pb.CleanupTabletResponse(rows=rows)
+
+    @streaming
+    def ReadTabletRows(self, request, context):
+        after = request.after_token if request.HasField("after_token") else None
+        rows = self._deps.replica.read_tablet_rows(request.table_id, request.schema_version, request.first_token,
+                                                   request.last_token, after, request.batch_rows or WINDOW_ROWS)
+        sent = []
+        for piece in batch_stream_pieces(rows.schema, _counted(rows.windows, sent)):
+            yield pb.TabletRowsPiece(ipc=piece)
+        yield pb.TabletRowsPiece(done=True, rows=sum(sent))
+
+
+def _counted(tables, counts: list[int]):
+    """`tables`, each one's row count appended to `counts` as it is taken."""
+    for table in tables:
+        counts.append(table.num_rows)
+        yield table
 
 
 def _applied(apply: Callable[[pb.MutationBatch], int]) -> Callable[[pb.MutationBatch], pb.ReplicaOutcome]:

@@ -226,7 +226,7 @@ class Node:
         rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
             replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,
             wait_schema_applied=self.wait_schema_applied, wait_schema_version=self.wait_schema_version,
-            open_calls=self._internode_calls)), server)
+            open_calls=self._internode_calls, raft_term=lambda: self.group0.term)), server)
         rpc.add_WorkerServicer_to_server(
             WorkerService(self.worker, self.catch_up_index, self.injections), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -427,6 +427,9 @@ class Node:
             node_id=self.node_id, schema_version=self.inflight.applied_version(self.schema_version()),
             applied_index=self.group0.applied_index, pending_view_updates=self.store.outbox_size(),
             term=self.group0.term, leader=self.group0.leader_id or "", worker=pb.WorkerStats(**self.worker_stats()),
+            streams=[pb.TabletStreamProgress(migration_id=p.migration_id, table_id=p.table_id,
+                                             source_node=p.source_node, rows=p.rows, seconds=p.seconds,
+                                             rows_per_s=p.rows_per_s) for p in self.local.tablet_stream_progress()],
         )
 
 

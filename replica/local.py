@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +26,7 @@ from storage.store import NodeStore
 
 from replica.inflight import InflightWrites
 from replica.rows import storage_spec
+from replica.streaming import StreamProgress, StreamResult, TabletRows, TabletStream, TabletStreams
 from replica.outbox import QueuedViewUpdate, ViewUpdateOutbox, grouped_updates
 from replica.outbox_payload import encode_payload
 from replica.tables import LocalTables
@@ -213,3 +215,30 @@ class LocalData:
         if table is None:
             raise NotFound(f"table id {request.table_id} does not exist on node {self.node_id}")
         return self.tables.scan(table, request)
+
+    # ------------------------------------------------------------ tablet migration (replica.streaming)
+
+    @cached_property
+    def tablet_streams(self) -> TabletStreams:
+        return TabletStreams(self.tables.store, lambda table_id: self._schema.read(lambda s: s.tables.get(table_id)),
+                             self.tables.ensure, self._schema.catch_up, self._transport, self._injections,
+                             self._metrics, self.node_id)
+
+    def stream_tablet(self, request: TabletStream, current_term: int) -> StreamResult:
+        """Pull a token range's rows from the source replica and merge them here (TabletStreams.stream)."""
+        return self.tablet_streams.stream(request, current_term)
+
+    def cleanup_tablet(self, term: int, current_term: int, migration_id: str, table_id: str, first_token: int,
+                       last_token: int, schema_version: int) -> int:
+        """Delete this replica's rows of a token range (TabletStreams.cleanup); the number deleted."""
+        return self.tablet_streams.cleanup(term, current_term, migration_id, table_id, first_token, last_token,
+                                           schema_version)
+
+    def read_tablet_rows(self, table_id: str, schema_version: int, first_token: int, last_token: int,
+                         after_token: int | None, window_rows: int) -> TabletRows:
+        """This replica's stored rows of a token range for a stream (TabletStreams.read_rows)."""
+        return self.tablet_streams.read_rows(table_id, schema_version, first_token, last_token, after_token,
+                                             window_rows)
+
+    def tablet_stream_progress(self) -> list[StreamProgress]:
+        return self.tablet_streams.progress()

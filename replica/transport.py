@@ -28,6 +28,10 @@ class ReplicaTransport(Protocol):
     def scan(self, node: str, request: ScanRequest) -> Iterator[ScanPage]:
         """Stream the pages of a scan of `node`'s replica; an error may surface at any `next()`."""
 
+    def read_tablet_rows(self, node: str, table_id: str, schema_version: int, first_token: int, last_token: int,
+                         after_token: int | None = None, batch_rows: int = 0):
+        """Start reading `node`'s stored rows of a token range for a tablet stream (replica.streaming.SourceRows)."""
+
 
 def describe(error: Exception) -> str:
     """`CODE: message` for a CoreError (the shape gRPC errors are reported in), the text of any other error."""

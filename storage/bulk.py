@@ -38,6 +38,12 @@ bench/bulk.py). PostgreSQL: the chunk is copied into a temporary table
 round trip each). Returns the number of rows whose stored state changed (inserted or updated), exact on
 both engines.
 
+Tablet streaming. `read_token_window(store, spec, first, last, max_rows)` reads the first rows of a range cut at a
+token boundary, so a reader resumes exactly at the last token it got + 1. `merge_stored_rows(store, spec, rows)`
+merges rows in the storage layout (tombstones and per-cell timestamps included, as another replica stores them)
+with the write path's rule (`last_write_wins_sql`, `full_rows=False`), set-based in chunks as `merge_view_rows`;
+a row new here keeps the sender's `view_ts`. A retried merge changes nothing.
+
 Processes. On SQLite the ADBC work runs in child processes (`storage.adbc_pool`, serving `CHILD_FUNCTIONS`):
 ADBC's SQLite driver carries its own copy of the SQLite library, and two copies in one process corrupt each
 other's WAL locking. PostgreSQL is reached over the network and runs in the calling thread.
@@ -46,7 +52,7 @@ from __future__ import annotations
 
 import atexit
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +69,7 @@ from .arrow_layouts import (
     key_column_names,
     storage_column_names,
     storage_schema,
+    ts_column_name,
     value_column_name,
     view_rows_schema,
 )
@@ -218,7 +225,11 @@ def count_in_range(store: NodeStore, spec: TableSpec, first_token: int, last_tok
         return 0
 
 
-def _sqlite_read_sql(spec: TableSpec, include_tombstones: bool) -> str:
+def _limit_clause(limit: int | None) -> str:
+    return "" if limit is None else f" LIMIT {int(limit)}"
+
+
+def _sqlite_read_sql(spec: TableSpec, include_tombstones: bool, limit: int | None = None) -> str:
     """The range query for SQLite, its first row a typed 'witness' row (write_ts NULL) that fixes ADBC's types.
 
     ADBC's SQLite driver infers each column's type from the first batch of values (all NULL -> int64, and a
@@ -239,15 +250,15 @@ def _sqlite_read_sql(spec: TableSpec, include_tombstones: bool) -> str:
     table = quote(physical_table_name(spec.table_id))
     order = ", ".join(f"{table}.{quote(name)}" for name in key_column_names(spec))  # the stored values, not the aliases
     return (f"SELECT {', '.join(witness)} UNION ALL SELECT * FROM (SELECT {', '.join(projection)} FROM {table} "
-            f"WHERE {_range_filter(_Backend(True, ''), include_tombstones)} ORDER BY {order})")
+            f"WHERE {_range_filter(_Backend(True, ''), include_tombstones)} ORDER BY {order}{_limit_clause(limit)})")
 
 
-def _postgres_read_sql(spec: TableSpec, include_tombstones: bool) -> str:
+def _postgres_read_sql(spec: TableSpec, include_tombstones: bool, limit: int | None = None) -> str:
     columns = ", ".join(quote(name) for name, _ in _stored_columns(spec))
     table = quote(physical_table_name(spec.table_id))
     order = ", ".join(quote(name) for name in key_column_names(spec))
     return (f"SELECT {columns} FROM {table} WHERE {_range_filter(_Backend(False, ''), include_tombstones)} "
-            f"ORDER BY {order}")
+            f"ORDER BY {order}{_limit_clause(limit)}")
 
 
 def _batch_option(backend: _Backend, batch_rows: int) -> dict[str, str]:
@@ -305,12 +316,14 @@ def _any_row(store: NodeStore, spec: TableSpec, first_token: int, last_token: in
 
 
 def read_token_range(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, *,
-                     include_tombstones: bool = False, batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.Table:
+                     include_tombstones: bool = False, batch_rows: int = DEFAULT_BATCH_ROWS,
+                     limit: int | None = None) -> pa.Table:
     """The rows with first_token <= token <= last_token in the storage layout, from one read snapshot.
 
     Live rows only unless `include_tombstones` (see the module docstring); record batches of about
-    `batch_rows` rows. A range without rows (or a store without the table) costs one index probe on the
-    store's own connection and returns an empty table of `storage_schema(spec)`: no ADBC, no child process.
+    `batch_rows` rows; only the first `limit` rows (in (token, key) order) when given. A range without rows (or a
+    store without the table) costs one index probe on the store's own connection and returns an empty table of
+    `storage_schema(spec)`: no ADBC, no child process.
     """
     schema = storage_schema(spec)
     if not _any_row(store, spec, first_token, last_token, include_tombstones):
@@ -318,11 +331,30 @@ def read_token_range(store: NodeStore, spec: TableSpec, first_token: int, last_t
     backend = _backend(store)
     params = (first_token, last_token)
     if backend.sqlite:
-        sql = _sqlite_read_sql(spec, include_tombstones)
+        sql = _sqlite_read_sql(spec, include_tombstones, limit)
         raw = _from_ipc(_SQLITE_CHILDREN.run("read", backend, sql, params, batch_rows))
     else:
-        raw = _read_snapshot(backend, _postgres_read_sql(spec, include_tombstones), params, batch_rows)
+        raw = _read_snapshot(backend, _postgres_read_sql(spec, include_tombstones, limit), params, batch_rows)
     return _as_storage_schema(raw, schema)
+
+
+def read_token_window(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, max_rows: int, *,
+                      include_tombstones: bool = True) -> pa.Table:
+    """The first rows of the range in (token, key) order, ending at a token boundary: every row of each token it
+    holds, about `max_rows` rows (fewer when the next token would cut the window; more when the first token alone
+    has more rows). Empty when the range holds no row. So a reader that goes on at the last token it got + 1 reads
+    every row of the range once (tablet streaming resumes that way); each window is one read snapshot."""
+    if max_rows < 1:
+        raise ValueError(f"a token window holds at least one row, not {max_rows}")
+    rows = read_token_range(store, spec, first_token, last_token, include_tombstones=include_tombstones,
+                            limit=max_rows + 1)
+    if rows.num_rows <= max_rows:
+        return rows
+    cut_token = rows.column("token")[max_rows].as_py()
+    first_cut = pc.index(rows.column("token"), cut_token).as_py()  # tokens ascend: the cut token's rows end it
+    if first_cut > 0:
+        return rows.slice(0, first_cut)
+    return read_token_range(store, spec, cut_token, cut_token, include_tombstones=include_tombstones)
 
 
 def stage_token_range(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, path: str | Path, *,
@@ -347,16 +379,18 @@ def stage_token_range(store: NodeStore, spec: TableSpec, first_token: int, last_
 # --- merging ---------------------------------------------------------------------------------------------
 
 
-def _checked_column(rows: pa.Table, name: str, arrow: pa.DataType, nullable: bool) -> pa.ChunkedArray:
+def _checked_column(rows: pa.Table, name: str, arrow: pa.DataType, nullable: bool,
+                    what: str = "view rows") -> pa.ChunkedArray:
     if name not in rows.column_names:
-        raise ValueError(f"view rows lack column {name!r}; expected the columns of view_rows_schema")
+        layout = "view_rows_schema" if what == "view rows" else "storage_schema"
+        raise ValueError(f"{what} lack column {name!r}; expected the columns of {layout}")
     column = rows.column(name)
     if not nullable and column.null_count:
-        raise ValueError(f"view rows have NULL in column {name!r}, which cannot be null")
+        raise ValueError(f"{what} have NULL in column {name!r}, which cannot be null")
     try:
         return column.cast(arrow)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-        raise TypeError(f"view rows column {name!r} ({column.type}) cannot be read as {arrow}: {error}") from None
+        raise TypeError(f"{what} column {name!r} ({column.type}) cannot be read as {arrow}: {error}") from None
 
 
 def _bound_field(field: pa.Field) -> pa.Field:
@@ -479,7 +513,8 @@ def key_occurrences(chunk: pa.RecordBatch, spec: TableSpec) -> pa.Array | None:
     return pc.subtract(index, pc.cumulative_max(pc.if_else(starts, index, 0)))
 
 
-def _merge_postgres(backend: _Backend, spec: TableSpec, chunk: pa.RecordBatch) -> int:
+def _merge_postgres(backend: _Backend, spec: TableSpec, chunk: pa.RecordBatch,
+                    merge_sql: Callable[[TableSpec, int | None], str] = postgres_merge_sql) -> int:
     """One chunk in one transaction under the store's advisory lock, synchronous commit; rows changed."""
     occurrences = key_occurrences(chunk, spec)
     stage = chunk if occurrences is None else chunk.append_column(_ROUND, occurrences)
@@ -492,7 +527,7 @@ def _merge_postgres(backend: _Backend, spec: TableSpec, chunk: pa.RecordBatch) -
             _execute(cursor, "SET LOCAL synchronous_commit = on")
             cursor.adbc_ingest(_STAGE, stage, mode="create", temporary=True)
             for number in range(rounds):
-                _execute(cursor, postgres_merge_sql(spec, None if occurrences is None else number))
+                _execute(cursor, merge_sql(spec, None if occurrences is None else number))
                 changed += max(cursor.rowcount, 0)  # a statement with bound parameters would report -1
             _execute(cursor, f"DROP TABLE {_STAGE}")
     return changed
@@ -519,7 +554,11 @@ def merge_view_rows(store: NodeStore, view_spec: TableSpec, rows: pa.Table, *,
     if rows.num_rows == 0:
         return 0
     prepared = prepare_view_rows(view_spec, rows)
-    prepare_chunk, merge_chunk = _chunk_merger(view_spec, _backend(store))
+    return _merge_in_chunks(store, prepared, *_chunk_merger(view_spec, _backend(store)), chunk_rows)
+
+
+def _merge_in_chunks(store: NodeStore, prepared: pa.Table, prepare_chunk, merge_chunk, chunk_rows: int) -> int:
+    """Merge sorted rows chunk after chunk in the store's bulk merge turn, each chunk under the writer lock."""
     payloads = [prepare_chunk(chunk) for chunk in prepared.to_batches(max_chunksize=max(1, chunk_rows))]
     changed = 0
     with store.bulk_merge_turn():  # prepared while another merge has the turn
@@ -527,6 +566,84 @@ def merge_view_rows(store: NodeStore, view_spec: TableSpec, rows: pa.Table, *,
             with store.writer_lock():
                 changed += merge_chunk(payload)
     return changed
+
+
+# Stored rows (tablet streaming): rows in the storage layout, as another replica stores them, merged by the rule
+# of the write path (`last_write_wins_sql` with `full_rows=False`): each cell, the marker and the row tombstone
+# win or lose on their own timestamps. A row new here is inserted as it was stored there (its view_ts included,
+# so the view updates this replica sends next keep ordering after the ones the other sent).
+
+
+def prepare_stored_rows(spec: TableSpec, rows: pa.Table) -> pa.Table:
+    """Rows in the storage layout checked, cast to the bound types and sorted by primary key. A regular column the
+    rows lack (a sender with an older definition of the table) holds no cell in them: added as NULLs."""
+    regular = {name for c in spec.regular for name in (value_column_name(c.name), ts_column_name(c.name))}
+    for field in storage_schema(spec):
+        if field.name in regular and field.name not in rows.column_names:
+            rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
+    fields = [_bound_field(field) for field in storage_schema(spec)]
+    arrays = [_checked_column(rows, field.name, field.type, field.nullable, "stored rows") for field in fields]
+    table = pa.Table.from_arrays(arrays, names=[field.name for field in fields])
+    return table.sort_by([(name, "ascending") for name in key_column_names(spec)])
+
+
+def _sqlite_stored_parameters(spec: TableSpec) -> list[_Bound]:
+    doubles = {value_column_name(c.name) for c in spec.columns if c.type == "double"}
+    bound = []
+    for name in storage_column_names(spec):
+        bound.append(_Bound(name))
+        if name in doubles:
+            bound.append(_Bound(name, nan_flag=True))
+    return bound
+
+
+def sqlite_stored_upsert_sql(spec: TableSpec) -> str:
+    """The bound last-write-wins upsert of one stored row (placeholders in `_sqlite_stored_parameters` order)."""
+    bound = _sqlite_stored_parameters(spec)
+
+    def value(name: str) -> str:
+        placeholder = f"?{bound.index(_Bound(name)) + 1}"
+        if _Bound(name, True) not in bound:
+            return placeholder
+        return f"CASE WHEN ?{bound.index(_Bound(name, True)) + 1} THEN 'NaN' ELSE {placeholder} END"
+
+    values = ", ".join(value(name) for name in storage_column_names(spec))
+    return last_write_wins_sql(spec, True, f"VALUES ({values})", full_rows=False)
+
+
+def postgres_stored_merge_sql(spec: TableSpec, merge_round: int | None = None) -> str:
+    """INSERT ... SELECT every stored column from the staging table (only `merge_round` if given) ... ON CONFLICT."""
+    values = ", ".join(quote(name) for name in storage_column_names(spec))
+    where = "" if merge_round is None else f" WHERE {_ROUND} = {int(merge_round)}"
+    return last_write_wins_sql(spec, False, f"SELECT {values} FROM {_STAGE}{where}", full_rows=False)
+
+
+def _stored_chunk_merger(spec: TableSpec, backend: _Backend):
+    """(prepare, merge) of stored-row chunks, as `_chunk_merger` is for view rows."""
+    if not backend.sqlite:
+        return ((lambda chunk: chunk),
+                (lambda chunk: _merge_postgres(backend, spec, chunk, postgres_stored_merge_sql)))
+    sql, bound = sqlite_stored_upsert_sql(spec), _sqlite_stored_parameters(spec)
+    return ((lambda chunk: _to_ipc(_sqlite_bind_table(chunk, bound))),
+            (lambda params: _SQLITE_CHILDREN.run("merge", backend, sql, params)))
+
+
+def merge_stored_rows(store: NodeStore, spec: TableSpec, rows: pa.Table, *,
+                      chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
+    """Merge rows in the storage layout (as `read_token_range(..., include_tombstones=True)` returns them from
+    another replica) into the table, per cell last-write-wins; the number of rows whose stored state changed.
+
+    Row markers, row tombstones and deleted cells travel and win or lose by timestamp, as on the write path; merging
+    the same rows again changes nothing. No view updates are generated. Chunks of `chunk_rows`, each in one
+    transaction under the writer lock, as `merge_view_rows`. KeyError when the table does not exist here (the caller
+    creates it); ValueError for a missing column or a NULL key, `write_ts` or `tombstone`; TypeError for a column
+    that cannot be cast to its type.
+    """
+    store.table_spec(spec.table_id)
+    if rows.num_rows == 0:
+        return 0
+    prepared = prepare_stored_rows(spec, rows)
+    return _merge_in_chunks(store, prepared, *_stored_chunk_merger(spec, _backend(store)), chunk_rows)
 
 
 def _child_read(backend: _Backend, sql: str, params: tuple, batch_rows: int) -> bytes:

@@ -886,6 +886,39 @@ class NodeStore:
         with self._read() as conn:
             return conn.execute(sa.select(sa.func.count()).select_from(table).where(*conditions)).scalar_one()
 
+    def delete_token_range(self, table_id: str, first_token: int, last_token: int, *,
+                           rows_per_transaction: int = 50_000) -> int:
+        """Delete every row (live rows and tombstones) with first_token <= token <= last_token; the number deleted.
+
+        In transactions of about `rows_per_transaction` rows each (cut at token boundaries), so live writes
+        interleave with a large range's delete. 0 when the store has no table `table_id`."""
+        try:
+            table = self._physical(table_id).table
+        except KeyError:
+            return 0
+        low, last_token = _check_token(first_token), _check_token(last_token)
+        deleted = 0
+        while low is not None and low <= last_token:
+            (window_first, window_last), low = self._next_delete_window(table, low, last_token, rows_per_transaction)
+            with self._write_transaction() as conn:
+                condition = (table.c.token >= window_first, table.c.token <= window_last)
+                deleted += conn.execute(table.delete().where(*condition)).rowcount
+        return deleted
+
+    def _next_delete_window(self, table: sa.Table, low: int, last_token: int,
+                            rows: int) -> tuple[tuple[int, int], int | None]:
+        """((first, last) tokens of the next delete, the first token after it or None): about `rows` rows, whole
+        tokens only (a token holding more rows goes alone)."""
+        statement = (sa.select(table.c.token).where(table.c.token >= low, table.c.token <= last_token)
+                     .order_by(table.c.token).offset(max(1, rows)).limit(1))
+        with self._read() as conn:
+            cut = conn.execute(statement).scalar()
+        if cut is None:
+            return (low, last_token), None
+        if cut == low:
+            return (low, low), (low + 1 if low < last_token else None)
+        return (low, cut - 1), cut
+
     # --- outbox -----------------------------------------------------------------------------------------
 
     def outbox_pending(self, limit: int = 1000, after_id: int = 0, target: str | None = None) -> list[OutboxEntry]:

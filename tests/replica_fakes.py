@@ -79,7 +79,7 @@ class Call:
     sender: str
     method: str
     target: str
-    message: RowBatch | ScanRequest
+    message: RowBatch | ScanRequest | tuple
 
 
 class Finished:
@@ -144,8 +144,29 @@ class NodeTransport:
             if node in self._network.failing_after_first_page:
                 raise Unavailable(f"{node} failed in the middle of a scan")
 
+    def read_tablet_rows(self, node: str, table_id: str, schema_version: int, first_token: int, last_token: int,
+                         after_token: int | None = None, batch_rows: int = 0) -> InProcessRows:
+        self._network.calls.append(Call(self._sender, "read_tablet_rows", node, (table_id, after_token)))
+        rows = self._network.replica(node).read_tablet_rows(table_id, schema_version, first_token, last_token,
+                                                            after_token, batch_rows or 65_536)
+        return InProcessRows(rows.windows)
+
     def _record(self, method: str, target: str, message) -> None:
         self._network.calls.append(Call(self._sender, method, target, message))
+
+
+class InProcessRows:
+    """A source read of a tablet stream in process: each window as one record batch; nothing to cancel."""
+
+    def __init__(self, windows):
+        self._windows = windows
+
+    def __iter__(self):
+        for window in self._windows:
+            yield from window.combine_chunks().to_batches()
+
+    def cancel(self) -> None:
+        pass
 
 
 # ----------------------------------------------------------------- nodes

@@ -346,6 +346,96 @@ class InjectResponse(_message.Message):
     injections_disabled: bool
     def __init__(self, hit: _Optional[bool] = ..., points: _Optional[_Iterable[_Union[InjectionPoint, _Mapping]]] = ..., node: _Optional[str] = ..., injections_disabled: _Optional[bool] = ...) -> None: ...
 
+class StreamTabletRequest(_message.Message):
+    __slots__ = ("term", "migration_id", "table_id", "first_token", "last_token", "source_node", "schema_version")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_NODE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    migration_id: str
+    table_id: str
+    first_token: int
+    last_token: int
+    source_node: str
+    schema_version: int
+    def __init__(self, term: _Optional[int] = ..., migration_id: _Optional[str] = ..., table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., source_node: _Optional[str] = ..., schema_version: _Optional[int] = ...) -> None: ...
+
+class StreamTabletResponse(_message.Message):
+    __slots__ = ("rows", "seconds")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    seconds: float
+    def __init__(self, rows: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class CleanupTabletRequest(_message.Message):
+    __slots__ = ("term", "migration_id", "table_id", "first_token", "last_token", "schema_version")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    migration_id: str
+    table_id: str
+    first_token: int
+    last_token: int
+    schema_version: int
+    def __init__(self, term: _Optional[int] = ..., migration_id: _Optional[str] = ..., table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., schema_version: _Optional[int] = ...) -> None: ...
+
+class CleanupTabletResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    def __init__(self, rows: _Optional[int] = ...) -> None: ...
+
+class ReadTabletRowsRequest(_message.Message):
+    __slots__ = ("table_id", "first_token", "last_token", "schema_version", "after_token", "batch_rows")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    table_id: str
+    first_token: int
+    last_token: int
+    schema_version: int
+    after_token: int
+    batch_rows: int
+    def __init__(self, table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., schema_version: _Optional[int] = ..., after_token: _Optional[int] = ..., batch_rows: _Optional[int] = ...) -> None: ...
+
+class TabletRowsPiece(_message.Message):
+    __slots__ = ("ipc", "done", "rows")
+    IPC_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    ipc: bytes
+    done: bool
+    rows: int
+    def __init__(self, ipc: _Optional[bytes] = ..., done: _Optional[bool] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class TabletStreamProgress(_message.Message):
+    __slots__ = ("migration_id", "table_id", "source_node", "rows", "seconds", "rows_per_s")
+    MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_NODE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    migration_id: str
+    table_id: str
+    source_node: str
+    rows: int
+    seconds: float
+    rows_per_s: float
+    def __init__(self, migration_id: _Optional[str] = ..., table_id: _Optional[str] = ..., source_node: _Optional[str] = ..., rows: _Optional[int] = ..., seconds: _Optional[float] = ..., rows_per_s: _Optional[float] = ...) -> None: ...
+
 class ReadRangeRequest(_message.Message):
     __slots__ = ("table_id", "first_token", "last_token", "schema_version")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -449,7 +539,7 @@ class LocalStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LocalStatusResponse(_message.Message):
-    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader", "worker")
+    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader", "worker", "streams")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -457,6 +547,7 @@ class LocalStatusResponse(_message.Message):
     TERM_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     schema_version: int
     applied_index: int
@@ -464,7 +555,8 @@ class LocalStatusResponse(_message.Message):
     term: int
     leader: str
     worker: WorkerStats
-    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ...) -> None: ...
+    streams: _containers.RepeatedCompositeFieldContainer[TabletStreamProgress]
+    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[TabletStreamProgress, _Mapping]]] = ...) -> None: ...
 
 class ArrowChunk(_message.Message):
     __slots__ = ("table_id", "shard", "schema_version", "ipc", "rows")

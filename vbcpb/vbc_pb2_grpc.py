@@ -594,6 +594,21 @@ class InternodeStub:
                 request_serializer=vbcpb_dot_vbc__pb2.ReadRangeRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.ArrowChunk.FromString,
                 _registered_method=True)
+        self.StreamTablet = channel.unary_unary(
+                '/vbc.v1.Internode/StreamTablet',
+                request_serializer=vbcpb_dot_vbc__pb2.StreamTabletRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.StreamTabletResponse.FromString,
+                _registered_method=True)
+        self.CleanupTablet = channel.unary_unary(
+                '/vbc.v1.Internode/CleanupTablet',
+                request_serializer=vbcpb_dot_vbc__pb2.CleanupTabletRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.CleanupTabletResponse.FromString,
+                _registered_method=True)
+        self.ReadTabletRows = channel.unary_stream(
+                '/vbc.v1.Internode/ReadTabletRows',
+                request_serializer=vbcpb_dot_vbc__pb2.ReadTabletRowsRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.TabletRowsPiece.FromString,
+                _registered_method=True)
 
 
 class InternodeServicer:
@@ -668,6 +683,32 @@ class InternodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamTablet(self, request, context):
+        """Tablet migration, sent by the group0 leader to the node of the pending replica: pull the rows of one table's
+        token range from `source_node` (ReadTabletRows) and merge them here, last-write-wins; a retry of the same
+        migration resumes after the last token merged. A term older than this node's Raft term: FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CleanupTablet(self, request, context):
+        """Delete this node's rows (live rows and tombstones) of one table in a token range: the leaving replica after
+        a migration, the pending one after a rollback. Term fenced as StreamTablet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadTabletRows(self, request, context):
+        """The source side of StreamTablet: every stored row of a token range (tombstones and per-cell timestamps
+        included, the storage layout) as ONE Arrow IPC stream cut into pieces, in (token, key) order, each record
+        batch ending at a token boundary; the last message says `done` and counts the rows sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InternodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -715,6 +756,21 @@ def add_InternodeServicer_to_server(servicer, server):
                     servicer.ReadRange,
                     request_deserializer=vbcpb_dot_vbc__pb2.ReadRangeRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.ArrowChunk.SerializeToString,
+            ),
+            'StreamTablet': grpc.unary_unary_rpc_method_handler(
+                    servicer.StreamTablet,
+                    request_deserializer=vbcpb_dot_vbc__pb2.StreamTabletRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.StreamTabletResponse.SerializeToString,
+            ),
+            'CleanupTablet': grpc.unary_unary_rpc_method_handler(
+                    servicer.CleanupTablet,
+                    request_deserializer=vbcpb_dot_vbc__pb2.CleanupTabletRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.CleanupTabletResponse.SerializeToString,
+            ),
+            'ReadTabletRows': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadTabletRows,
+                    request_deserializer=vbcpb_dot_vbc__pb2.ReadTabletRowsRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.TabletRowsPiece.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -962,6 +1018,87 @@ class Internode:
             '/vbc.v1.Internode/ReadRange',
             vbcpb_dot_vbc__pb2.ReadRangeRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.ArrowChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamTablet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Internode/StreamTablet',
+            vbcpb_dot_vbc__pb2.StreamTabletRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.StreamTabletResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CleanupTablet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Internode/CleanupTablet',
+            vbcpb_dot_vbc__pb2.CleanupTabletRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.CleanupTabletResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadTabletRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vbc.v1.Internode/ReadTabletRows',
+            vbcpb_dot_vbc__pb2.ReadTabletRowsRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.TabletRowsPiece.FromString,
             options,
             channel_credentials,
             insecure,
