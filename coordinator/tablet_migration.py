@@ -1,5 +1,6 @@
 """The tablet migration driver on the group0 leader: carries each migration through its stages (the shell around
-`coordinator.core.migrations.next_step`: barriers, streaming and cleanup calls, stage proposals, retries).
+`coordinator.core.migrations.next_step`: barriers, streaming and cleanup calls, stage proposals, retries), and
+co-locates then merges the tablets of tables whose merge was requested (`coordinator.core.resize`).
 
 Every migration in group0's `transitions` gets a thread of its own (a few at a time); each step runs the I/O the core
 names, then proposes the next stage with the leader's Raft term, compare-and-set on the stage it started from. A
@@ -17,7 +18,8 @@ from typing import Any, Protocol, TypeVar
 
 from common.injection import InjectedFailure, Injections
 from coordinator.core import migrations as core
-from coordinator.core.commands import AdvanceTabletMigration, Command
+from coordinator.core import resize
+from coordinator.core.commands import AdvanceTabletMigration, Command, MergeTablets, StartTabletMigration
 from coordinator.core.errors import CoreError
 from coordinator.core.state import Group0State
 from coordinator.core.tokens import tablet_range
@@ -115,6 +117,8 @@ class MigrationDriver:
         leader, term = self._leadership()
         if not leader:
             return
+        for table_id in self._group0.read(lambda s: sorted(s.merge_requests)):
+            self._prepare_merge(table_id, term)
         transitions = self._group0.read(lambda s: sorted(s.transitions.values(), key=lambda t: t.migration_id))
         now = time.monotonic()
         with self._cond:
@@ -126,6 +130,26 @@ class MigrationDriver:
                                           name=f"migration-{transition.migration_id[:8]}")
                 self._active[transition.migration_id] = thread
                 thread.start()
+
+    def _prepare_merge(self, table_id: str, term: int) -> None:
+        """Start the migrations a requested merge still needs (one per tablet at a time), or merge once none is."""
+        moves, moving = self._group0.read(lambda s: (resize.merge_moves(s, table_id),
+                                                     set(core.transitions_of_table(s, table_id))))
+        if not moves and not moving:
+            outcome = self._group0.propose(MergeTablets(cmd_id=uuid.uuid4().hex, term=term, table_id=table_id,
+                                                        id_seed=uuid.uuid4().hex), timeout=PROPOSE_TIMEOUT)
+            log.info("merge of table %s: %s", table_id, "done" if outcome.ok else outcome.error_message)
+            return
+        for tablet, leaving, pending in moves:
+            if tablet in moving:
+                continue
+            moving.add(tablet)
+            outcome = self._group0.propose(StartTabletMigration(
+                cmd_id=uuid.uuid4().hex, migration_id=uuid.uuid4().hex, table_id=table_id, tablet_id=tablet,
+                leaving_node=leaving.node, leaving_shard=leaving.shard, pending_node=pending.node,
+                pending_shard=pending.shard), timeout=PROPOSE_TIMEOUT)
+            if not outcome.ok:
+                log.info("merge of table %s: moving tablet %d refused: %s", table_id, tablet, outcome.error_message)
 
     def _drive(self, transition: core.TabletTransition, term: int) -> None:
         """One step of one migration, then its next stage proposed; the thread ends (the next round goes on)."""

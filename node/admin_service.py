@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from common.injection import Injections
 from common.progress import BuildRates
 from common.status import unary
-from coordinator.core.commands import StartTabletMigration
+from coordinator.core.commands import RequestTabletMerge, SplitTablets, StartTabletMigration
 from coordinator.core.errors import InvalidArgument, NotFound, PermissionDenied
 from coordinator.core.migrations import resolve_move, transitions_of_table
 from coordinator.core.tokens import tablet_range
@@ -111,6 +111,21 @@ class AdminService(rpc.AdminServicer):
         if not outcome.ok:
             raise outcome.error
         return pb.MoveTabletResponse(migration_id=migration_id)
+
+    @unary
+    def ResizeTablets(self, request, context):
+        self._deps.require_ready()
+        keyspace, _, name = request.table.partition(".")
+        if not keyspace or not name:
+            raise InvalidArgument(f"give the table as KEYSPACE.TABLE, got {request.table!r}")
+        table, tablet_map = self._deps.read_state(lambda s: _table_and_tablets(s, keyspace, name))
+        command = (RequestTabletMerge(cmd_id=uuid.uuid4().hex, table_id=table.id) if request.merge else
+                   SplitTablets(cmd_id=uuid.uuid4().hex, table_id=table.id, id_seed=uuid.uuid4().hex))
+        outcome = self._deps.propose(command)
+        if not outcome.ok:
+            raise outcome.error
+        now = tablet_map.tablet_count if request.merge else outcome.value
+        return pb.ResizeTabletsResponse(tablet_count=now, target_count=outcome.value)
 
     @unary
     def Migration(self, request, context):

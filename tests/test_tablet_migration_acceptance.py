@@ -184,3 +184,29 @@ def test_bad_moves_are_refused_with_invalid_argument(cluster, tablet, source, de
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in refused.value.details()
     assert holder_of(cluster, f"{ks}.tab", 0) == holder
+
+
+def resize(cluster: LocalCluster, table: str, merge: bool) -> int:
+    _, target = client.resize_tablets(cluster.addresses(), table, merge)
+    return len(client.wait_tablet_count(cluster.addresses(), table, target, MIGRATION_TIMEOUT))
+
+
+def test_a_split_then_two_merges_during_a_build_with_concurrent_writes(cluster):
+    ks = "mig4"
+    expected = make_base(cluster, ks, 3000)
+    with injected(cluster, "worker_pause_build_range", NODES):
+        create_view(cluster, ks)
+        wait_hit(cluster, "worker_pause_build_range", holder_of(cluster, f"{ks}.tab", 0))
+        with Writer(cluster, ks, expected, seed=4) as writer:
+            assert resize(cluster, f"{ks}.tab", merge=False) == 4
+            assert resize(cluster, f"{ks}.tab", merge=True) == 2
+            assert resize(cluster, f"{ks}.tab", merge=True) == 1
+        assert writer.error is None and writer.writes > 0, writer.error
+        assert client.tablets(cluster.addresses(), f"{ks}.mv")  # the view keeps its own map
+        assert len(client.tablets(cluster.addresses(), f"{ks}.mv")) == 2
+    assert_correct(cluster, ks)
+    assert_every_node_scans(cluster, ks, writer.expected)
+    one = client.resize_tablets
+    with pytest.raises(grpc.RpcError) as refused:
+        one(cluster.addresses(), f"{ks}.tab", True)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "one tablet" in refused.value.details()

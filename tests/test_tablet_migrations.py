@@ -294,3 +294,112 @@ def test_the_driver_steps_of_each_stage():
     same_node = m.replace(transition, pending=Replica("n1", 1))
     assert m.next_step(same_node) == m.Step(m.ADVANCE, m.WRITE_BOTH_READ_NEW)
     assert m.next_step(m.replace(same_node, stage=m.CLEANUP)) == m.Step(m.ADVANCE, m.END_MIGRATION)
+
+
+# ------------------------------------------------------------------ split and merge
+
+from coordinator.core import resize  # noqa: E402
+from coordinator.core.commands import MergeTablets, RequestTabletMerge, SplitTablets  # noqa: E402
+
+
+def split(state: Group0State, table_id: str):
+    return state.apply(SplitTablets(cmd_id=None, table_id=table_id, id_seed=uuid.uuid4().hex))
+
+
+def merge(state: Group0State, table_id: str, term: int = 1):
+    return state.apply(MergeTablets(cmd_id=None, term=term, table_id=table_id, id_seed=uuid.uuid4().hex))
+
+
+def request_merge(state: Group0State, table_id: str):
+    return state.apply(RequestTabletMerge(cmd_id=None, table_id=table_id))
+
+
+def co_locate(state: Group0State, table_id: str) -> int:
+    """Run the driver's merge moves to their end, as the leader would; the number of migrations."""
+    count = 0
+    while moves := resize.merge_moves(state, table_id):
+        busy = {t for (table, t) in state.transitions if table == table_id}
+        for tablet, leaving, pending in moves:
+            if tablet not in busy:
+                assert start(state, table_id, tablet, leaving, pending).ok, (tablet, leaving, pending)
+                busy.add(tablet)
+                count += 1
+        for tablet in busy:
+            run_to(state, table_id, tablet, "end_migration")
+    return count
+
+
+def test_a_split_doubles_the_tablets_on_the_same_replicas_and_splits_the_tasks():
+    state = cluster(nodes=3, shards=2)
+    table_id = make_table(state, rf=2, tablets=2)
+    view_id = make_view(state)
+    before = state.tablets[table_id].replicas
+    progress = state.view_progress(view_id)
+    assert split(state, table_id).value == 4
+    assert state.tablets[table_id].replicas == (before[0], before[0], before[1], before[1])
+    assert sorted((t.tablet_id, t.replica) for t in state.tasks.values()) == sorted(
+        (tablet, r) for tablet in range(4) for r in before[tablet // 2])
+    assert state.view_progress(view_id)["tasks_done"] == progress["tasks_done"]
+    assert state.tablets[view_id].tablet_count == 2  # views keep their own maps
+
+
+def test_a_merge_waits_for_co_located_pairs_then_maps_tasks_to_the_merged_tablet():
+    state = cluster(nodes=4, shards=2)
+    table_id = make_table(state, rf=2, tablets=4)
+    view_id = make_view(state)
+    assert request_merge(state, table_id).ok
+    refused = merge(state, table_id)
+    if resize.merge_moves(state, table_id):
+        assert refused.error_code == "FAILED_PRECONDITION" and "do not share their replicas" in refused.error_message
+    co_locate(state, table_id)
+    replicas = state.tablets[table_id].replicas
+    assert all(set(replicas[2 * n]) == set(replicas[2 * n + 1]) for n in range(2))
+    total = state.view_progress(view_id)["tasks_total"]
+    assert merge(state, table_id, term=2).value == 2
+    assert state.tablets[table_id].replicas == replicas[::2]
+    assert sorted((t.tablet_id, t.replica) for t in state.tasks.values()) == sorted(
+        (n, r) for n in range(2) for r in replicas[2 * n])
+    assert state.view_progress(view_id)["tasks_total"] == total - 4 and state.view_progress(view_id)["tasks_done"] == 0
+    assert not state.merge_requests
+
+
+def test_split_and_merge_refusals_change_nothing():
+    state = cluster(nodes=2, shards=1)
+    table_id = make_table(state, rf=1, tablets=1)
+    one = request_merge(state, table_id)
+    assert one.error_code == "INVALID_ARGUMENT" and "one tablet" in one.error_message
+    assert merge(state, table_id).error_code == "FAILED_PRECONDITION"
+    assert split(state, table_id).ok
+    leaving = state.tablets[table_id].replicas[0][0]
+    assert start(state, table_id, 0, leaving, other_node(state, leaving)).ok
+    before = pickle.dumps((state.tablets, state.tasks, state.schema_version))
+    busy = split(state, table_id)
+    assert busy.error_code == "FAILED_PRECONDITION" and "while tablet(s) 0 move" in busy.error_message
+    assert pickle.dumps((state.tablets, state.tasks, state.schema_version)) == before
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 5), st.integers(1, 2), st.integers(0, 2**32))
+def test_any_layout_co_locates_and_merges(rf, nodes, shards, seed):
+    """Whatever the placement, the merge moves make every pair share its replicas, and the merge keeps one live
+    task per (view, replica) of each merged tablet."""
+    import random
+    if rf > nodes:
+        return
+    state = cluster(nodes=nodes, shards=shards)
+    table_id = make_table(state, rf=rf, tablets=8)
+    rng = random.Random(seed)
+    for tablet in range(8):  # scatter the replicas first
+        replicas = state.tablets[table_id].replicas[tablet]
+        free = [n for n in sorted(state.nodes) if n not in {r.node for r in replicas}]
+        if free and rng.random() < 0.5:
+            assert start(state, table_id, tablet, rng.choice(replicas), Replica(rng.choice(free), 0)).ok
+            run_to(state, table_id, tablet, "end_migration")
+    make_view(state)
+    assert request_merge(state, table_id).ok
+    co_locate(state, table_id)
+    assert merge(state, table_id).ok
+    replicas = state.tablets[table_id].replicas
+    assert len(replicas) == 4 and all(len({r.node for r in rs}) == rf for rs in replicas)
+    assert sorted((t.tablet_id, t.replica) for t in state.tasks.values()) == sorted(
+        (n, r) for n in range(4) for r in replicas[n])

@@ -249,6 +249,14 @@ def add_client_parsers(commands) -> None:
                       help="give up waiting after S seconds (exit status 1; default 3600)")
     move.add_argument("--json", action="store_true", help="print the migration's final state as JSON")
     move.set_defaults(handler=cmd_tablet_move, parser=move)
+    for action, text in (("split", "double a table's tablets (each splits in two on the same replicas)"),
+                         ("merge", "halve a table's tablets (pairs first move onto the same replicas)")):
+        resize = tablet_commands.add_parser(action, parents=[target], help=text)
+        resize.add_argument("table", type=table_name, metavar="KS.TABLE")
+        resize.add_argument("--no-wait", action="store_true", help="return once the change is requested")
+        resize.add_argument("--timeout", type=positive_float, default=3600.0, metavar="S",
+                            help="give up waiting after S seconds (exit status 1; default 3600)")
+        resize.set_defaults(handler=cmd_tablet_resize, parser=resize, merge=action == "merge")
 
     demo = commands.add_parser("demo", help="a 3-node cluster builds a view and an index online, through a leader "
                                             "kill -9 (what `make demo` runs; `vbc demo --help`)", add_help=False)
@@ -703,6 +711,29 @@ def cmd_tablet_move(args: argparse.Namespace) -> int:
         print(f"error: migration {migration_id} {result['state']}: {result['reason'] or 'no reason recorded'}; "
               f"tablet {args.tablet} stays on {args.from_replica}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_tablet_resize(args: argparse.Namespace) -> int:
+    addresses = target_addresses(args)
+    now, target = client.resize_tablets(addresses, args.table, args.merge)
+    if args.no_wait or now == target:
+        print(f"{args.table}: {now} tablets" + ("" if now == target else f", merging to {target}"))
+        return 0
+    shown: set[int] = set()
+
+    def show_moves(tablets: list[dict]) -> None:
+        moving = sum(1 for t in tablets if t.get("stage"))
+        if moving and moving not in shown:
+            shown.add(moving)
+            print(f"{args.table}: {moving} tablet(s) moving to share replicas before the merge", file=sys.stderr)
+
+    try:
+        client.wait_tablet_count(addresses, args.table, target, args.timeout, on_progress=show_moves)
+    except TimeoutError as exc:
+        print(f"error: {exc}; the merge goes on in the background", file=sys.stderr)
+        return 1
+    print(f"{args.table}: {target} tablets")
     return 0
 
 

@@ -446,6 +446,29 @@ def move_tablet(addr_or_addrs, table: str, tablet: int, from_replica: str, to_re
     return call_any(addr_or_addrs, lambda addr: admin_stub(addr).MoveTablet(request, timeout=timeout)).migration_id
 
 
+def resize_tablets(addr_or_addrs, table: str, merge: bool, timeout: float = DEFAULT_TIMEOUT) -> tuple[int, int]:
+    """Admin.ResizeTablets: split `table`'s tablets now, or request their merge; (count now, count to come)."""
+    request = pb.ResizeTabletsRequest(table=table, merge=merge)
+    answer = call_any(addr_or_addrs, lambda addr: admin_stub(addr).ResizeTablets(request, timeout=timeout))
+    return answer.tablet_count, answer.target_count
+
+
+def wait_tablet_count(addr_or_addrs, table: str, count: int, timeout: float, poll: float = 0.2,
+                      on_progress: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Wait until `table` has `count` tablets; its tablets then. TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = tablets(addr_or_addrs, table)
+        if on_progress is not None:
+            on_progress(current)
+        if len(current) == count:
+            return current
+        if time.monotonic() >= deadline:
+            moving = sum(1 for t in current if t.get("stage"))
+            raise TimeoutError(f"{table} still has {len(current)} tablets after {timeout:g}s ({moving} moving)")
+        time.sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+
+
 def migration(addr_or_addrs, migration_id: str, timeout: float = 10.0) -> dict:
     """Admin.Migration: where migration `migration_id` is (see `migration_to_dict`)."""
     request = pb.MigrationRequest(migration_id=migration_id)

@@ -87,6 +87,22 @@ class ExecuteResponse(_message.Message):
     message: str
     def __init__(self, columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class ResizeTabletsRequest(_message.Message):
+    __slots__ = ("table", "merge")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    MERGE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    merge: bool
+    def __init__(self, table: _Optional[str] = ..., merge: _Optional[bool] = ...) -> None: ...
+
+class ResizeTabletsResponse(_message.Message):
+    __slots__ = ("tablet_count", "target_count")
+    TABLET_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_COUNT_FIELD_NUMBER: _ClassVar[int]
+    tablet_count: int
+    target_count: int
+    def __init__(self, tablet_count: _Optional[int] = ..., target_count: _Optional[int] = ...) -> None: ...
+
 class MoveTabletRequest(_message.Message):
     __slots__ = ("table", "tablet", "from_replica", "to_replica")
     TABLE_FIELD_NUMBER: _ClassVar[int]

@@ -282,6 +282,11 @@ class AdminStub:
                 request_serializer=vbcpb_dot_vbc__pb2.MigrationRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.MigrationInfo.FromString,
                 _registered_method=True)
+        self.ResizeTablets = channel.unary_unary(
+                '/vbc.v1.Admin/ResizeTablets',
+                request_serializer=vbcpb_dot_vbc__pb2.ResizeTabletsRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.ResizeTabletsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -329,6 +334,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResizeTablets(self, request, context):
+        """Split (double) a table's tablets at once, or ask for them to be merged (halved: the leader first moves the
+        replicas of each pair onto the same nodes; watch the tablet count with Tablets).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -361,6 +374,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Migration,
                     request_deserializer=vbcpb_dot_vbc__pb2.MigrationRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.MigrationInfo.SerializeToString,
+            ),
+            'ResizeTablets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResizeTablets,
+                    request_deserializer=vbcpb_dot_vbc__pb2.ResizeTabletsRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.ResizeTabletsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -527,6 +545,33 @@ class Admin:
             '/vbc.v1.Admin/Migration',
             vbcpb_dot_vbc__pb2.MigrationRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.MigrationInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResizeTablets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/ResizeTablets',
+            vbcpb_dot_vbc__pb2.ResizeTabletsRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.ResizeTabletsResponse.FromString,
             options,
             channel_credentials,
             insecure,

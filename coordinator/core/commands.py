@@ -227,10 +227,40 @@ class AdvanceTabletMigration(Command):
     reason: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class SplitTablets(Command):
+    """Double a table's tablet count: tablet n becomes 2n and 2n+1 on the same replicas, and each of its build
+    tasks becomes one task of each half (new ids from `id_seed`)."""
+
+    op: ClassVar[str] = "split_tablets"
+    table_id: str
+    id_seed: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestTabletMerge(Command):
+    """Ask for a table's tablet count to be halved: the leader's driver first moves the replicas of each pair
+    (2n, 2n+1) onto the same replicas, then proposes MergeTablets."""
+
+    op: ClassVar[str] = "request_tablet_merge"
+    table_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeTablets(Command):
+    """Halve the tablet count of a table whose pairs share their replicas: tablets 2n and 2n+1 become n, their
+    build tasks one task per (view, replica) of n (new ids from `id_seed`); proposed by the driver with its term."""
+
+    op: ClassVar[str] = "merge_tablets"
+    term: int
+    table_id: str
+    id_seed: str
+
+
 COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, AlterTable, CreateView,
                                        CreateIndex, DropView, DropTable, DropKeyspace, Noop,
                                        FinishViewBuildingTasks, SetProcessingBase, StartTabletMigration,
-                                       AdvanceTabletMigration)
+                                       AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}
 
 

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import migrations, tablets, view_building
+from . import migrations, resize, tablets, view_building
 from . import types as coltypes
 from .commands import (
     AlterKeyspace,
@@ -157,6 +157,7 @@ def _forget_table(state: Group0State, table_id: str) -> None:
     state.dropped_tables.add(table_id)
     state.tables.pop(table_id, None)
     migrations.forget_table(state, table_id)
+    resize.forget_table(state, table_id)
     tablets.forget_table(state, table_id)
     view_building.forget_table(state, table_id)
 

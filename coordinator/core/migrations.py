@@ -193,7 +193,7 @@ def _check_move(state: Group0State, cmd: StartTabletMigration, leaving: Replica,
 
 def advance_migration(state: Group0State, cmd: AdvanceTabletMigration) -> str:
     """Compare-and-set the stage of a migration; the final stages apply the move or its rollback."""
-    _check_term(state, cmd.term)
+    check_term(state, cmd.term)
     transition = transition_of(state, cmd.table_id, cmd.tablet_id)
     if transition is None or transition.migration_id != cmd.migration_id:
         finished = state.migration_results.get(cmd.migration_id)
@@ -203,7 +203,7 @@ def advance_migration(state: Group0State, cmd: AdvanceTabletMigration) -> str:
     if transition.stage != cmd.from_stage:
         raise FailedPrecondition(f"migration {cmd.migration_id} is at stage {transition.stage}, not {cmd.from_stage}")
     _check_step(transition, cmd.to_stage)
-    state._migration_term = max(state._migration_term, cmd.term)
+    record_term(state, cmd.term)
     state.schema_version += 1
     if cmd.to_stage == END_MIGRATION:
         _end(state, transition)
@@ -215,11 +215,16 @@ def advance_migration(state: Group0State, cmd: AdvanceTabletMigration) -> str:
     return cmd.to_stage
 
 
-def _check_term(state: Group0State, term: int) -> None:
+def check_term(state: Group0State, term: int) -> None:
+    """Refuse a driver command from a term older than the newest one applied."""
     if term < 1:
         raise InvalidArgument(f"invalid term {term!r}: a leader's Raft term is a positive integer")
     if term < state._migration_term:
         raise StaleTerm(f"stale term {term}: a newer leader (term {state._migration_term}) drives migrations")
+
+
+def record_term(state: Group0State, term: int) -> None:
+    state._migration_term = max(state._migration_term, term)
 
 
 def _check_step(transition: TabletTransition, to_stage: str) -> None:

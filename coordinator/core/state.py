@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from . import ddl, migrations, tablets, view_building
+from . import ddl, migrations, resize, tablets, view_building
 from .commands import (
     AlterKeyspace,
     AdvanceTabletMigration,
@@ -28,9 +28,12 @@ from .commands import (
     DropTable,
     DropView,
     FinishViewBuildingTasks,
+    MergeTablets,
     Noop,
     RegisterNode,
+    RequestTabletMerge,
     SetProcessingBase,
+    SplitTablets,
     StartTabletMigration,
     cmd_id_of,
     decode,
@@ -70,6 +73,8 @@ class Group0State:
         self.transitions: dict[tuple[str, int], migrations.TabletTransition] = {}
         self.migration_results = migrations.new_results()
         self._migration_term = 0
+        # owned by resize.py: tables waiting for their tablet pairs to share replicas, then to merge
+        self.merge_requests: set[str] = set()
         # owned by this module: outcomes of recent commands, by cmd_id
         self._recent: OrderedDict[str, Outcome] = OrderedDict()
 
@@ -161,4 +166,7 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     SetProcessingBase: view_building.set_processing_base,
     StartTabletMigration: migrations.start_migration,
     AdvanceTabletMigration: migrations.advance_migration,
+    SplitTablets: resize.split_tablets,
+    RequestTabletMerge: resize.request_merge,
+    MergeTablets: resize.merge_tablets,
 }

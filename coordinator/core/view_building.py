@@ -94,6 +94,34 @@ def recreate_aborted_tasks(state: Group0State, base_id: str, tablet_id: int, abo
     return created
 
 
+def split_tasks(state: Group0State, base_id: str, seed: str) -> None:
+    """Each task of tablet n of `base_id` becomes a task of 2n and one of 2n+1 (same replica, new ids)."""
+    for task in [t for t in state.tasks.values() if t.base_id == base_id]:
+        del state.tasks[task.id]
+        for half in (2 * task.tablet_id, 2 * task.tablet_id + 1):
+            _add_moved_task(state, task, half, seed)
+        if task.view_id in state.tasks_created:
+            state.tasks_created[task.view_id] += 1
+
+
+def merge_tasks(state: Group0State, base_id: str, seed: str) -> None:
+    """Tasks of tablets 2n and 2n+1 of `base_id` become one task of n per (view, replica) (new ids)."""
+    merged: dict[tuple, Task] = {}
+    for task in [t for t in state.tasks.values() if t.base_id == base_id]:
+        del state.tasks[task.id]
+        key = (task.type, task.view_id, task.replica, task.tablet_id // 2)
+        if key in merged and task.view_id in state.tasks_created:
+            state.tasks_created[task.view_id] -= 1
+        merged[key] = task
+    for (_, _, _, tablet), task in merged.items():
+        _add_moved_task(state, task, tablet, seed)
+
+
+def _add_moved_task(state: Group0State, task: Task, tablet_id: int, seed: str) -> None:
+    task_id = derived_id(seed, task.view_id or task.base_id, tablet_id, task.replica.node, task.replica.shard)
+    state.tasks[task_id] = replace(task, id=task_id, tablet_id=tablet_id)
+
+
 def forget_table(state: Group0State, table_id: str) -> None:
     """Drop every task and status of a dropped table or view."""
     state.tasks_created.pop(table_id, None)

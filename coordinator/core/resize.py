@@ -1,0 +1,102 @@
+"""Tablet split and merge: doubling or halving one table's tablet count, and the build tasks that follow.
+
+Owns the `merge_requests` field of Group0State. Rows never move on a split or a merge: a node's store keeps a table's
+rows by token, whatever the tablet count, and tablet *n* of 2^k covers exactly tablets *2n* and *2n+1* of 2^(k+1).
+A split keeps every replica (the halves inherit the tablet's replica list, so the pairing positions too). A merge
+needs both halves on the same replicas: a merge request waits while the leader's driver moves replicas of *2n+1*
+onto those of *2n* (ordinary migrations), then MergeTablets gives *n* the replica list of *2n*. Views keep their own
+tablet maps: splitting a base table leaves its views' maps as they are, and a view can be split on its own.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import migrations, view_building
+from .commands import MergeTablets, RequestTabletMerge, SplitTablets
+from .errors import FailedPrecondition, InvalidArgument, NotFound
+from .ids import check_id
+from .schema import Replica, Table, TabletMap
+from .tablets import MAX_TABLETS
+
+if TYPE_CHECKING:
+    from .state import Group0State
+
+Move = tuple[int, Replica, Replica]  # (tablet, leaving, pending)
+
+
+def split_tablets(state: Group0State, cmd: SplitTablets) -> int:
+    """Split every tablet of the table in two; the new tablet count."""
+    check_id(cmd.id_seed)
+    table, tablet_map = _table(state, cmd.table_id)
+    count = tablet_map.tablet_count * 2
+    if count > MAX_TABLETS:
+        raise InvalidArgument(f"{table.qualified_name} has {tablet_map.tablet_count} tablets; a split would exceed "
+                              f"the limit of {MAX_TABLETS}")
+    _check_quiet(state, table, "split")
+    if table.id in state.merge_requests:
+        raise FailedPrecondition(f"{table.qualified_name} is waiting to merge its tablets; split it after the merge")
+    state.tablets[table.id] = TabletMap(table.id, tuple(r for r in tablet_map.replicas for _ in (0, 1)))
+    view_building.split_tasks(state, table.id, cmd.id_seed)
+    state.schema_version += 1
+    return count
+
+
+def request_merge(state: Group0State, cmd: RequestTabletMerge) -> int:
+    """Record the wish to halve the table's tablets; the tablet count it will have."""
+    table, tablet_map = _table(state, cmd.table_id)
+    if tablet_map.tablet_count < 2:
+        raise InvalidArgument(f"{table.qualified_name} has one tablet: there is nothing to merge")
+    state.merge_requests.add(table.id)
+    return tablet_map.tablet_count // 2
+
+
+def merge_tablets(state: Group0State, cmd: MergeTablets) -> int:
+    """Merge the co-located pairs of a table whose merge was requested; the new tablet count."""
+    check_id(cmd.id_seed)
+    migrations.check_term(state, cmd.term)
+    table, tablet_map = _table(state, cmd.table_id)
+    if table.id not in state.merge_requests:
+        raise FailedPrecondition(f"no merge of {table.qualified_name} was requested")
+    _check_quiet(state, table, "merge")
+    if merge_moves(state, table.id):
+        raise FailedPrecondition(f"the tablet pairs of {table.qualified_name} do not share their replicas yet")
+    migrations.record_term(state, cmd.term)
+    state.merge_requests.discard(table.id)
+    state.tablets[table.id] = TabletMap(table.id, tablet_map.replicas[::2])
+    view_building.merge_tasks(state, table.id, cmd.id_seed)
+    state.schema_version += 1
+    return tablet_map.tablet_count // 2
+
+
+def merge_moves(state: Group0State, table_id: str) -> list[Move]:
+    """The migrations that put each tablet 2n+1 on the replicas of 2n: a replica on the same node first (a move
+    between shards), the others in order; at most the first pending move of each pair matters at a time."""
+    replicas = state.tablets[table_id].replicas
+    moves = []
+    for even in range(0, len(replicas) - 1, 2):
+        wanted, held = replicas[even], replicas[even + 1]
+        targets = [r for r in wanted if r not in held]
+        leaving = [r for r in held if r not in wanted]
+        for replica in sorted(leaving, key=lambda r: all(t.node != r.node for t in targets)):
+            target = next((t for t in targets if t.node == replica.node), targets[0])
+            targets.remove(target)
+            moves.append((even + 1, replica, target))
+    return moves
+
+
+def forget_table(state: Group0State, table_id: str) -> None:
+    state.merge_requests.discard(table_id)
+
+
+def _table(state: Group0State, table_id: str) -> tuple[Table, TabletMap]:
+    table, tablet_map = state.tables.get(table_id), state.tablets.get(table_id)
+    if table is None or tablet_map is None:
+        raise NotFound(f"table id {table_id} does not exist")
+    return table, tablet_map
+
+
+def _check_quiet(state: Group0State, table: Table, what: str) -> None:
+    moving = migrations.transitions_of_table(state, table.id)
+    if moving:
+        raise FailedPrecondition(f"cannot {what} {table.qualified_name} while tablet(s) "
+                                 f"{', '.join(map(str, sorted(moving)))} move; wait until they are done")
