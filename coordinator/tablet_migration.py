@@ -119,6 +119,7 @@ class MigrationDriver:
             return
         for table_id in self._group0.read(lambda s: sorted(s.merge_requests)):
             self._prepare_merge(table_id, term)
+        self._start_replication_moves()
         transitions = self._group0.read(lambda s: sorted(s.transitions.values(), key=lambda t: t.migration_id))
         now = time.monotonic()
         with self._cond:
@@ -130,6 +131,20 @@ class MigrationDriver:
                                           name=f"migration-{transition.migration_id[:8]}")
                 self._active[transition.migration_id] = thread
                 thread.start()
+
+    def _start_replication_moves(self) -> None:
+        """Start the replica additions and removals that bring tablets to their keyspace's RF (a few at a time)."""
+        limit = self._max_parallel * 2
+        planned = self._group0.read(lambda s: core.replication_moves(s, max(limit - len(s.transitions), 0)))
+        for move in planned:
+            outcome = self._group0.propose(StartTabletMigration(
+                cmd_id=uuid.uuid4().hex, migration_id=uuid.uuid4().hex, table_id=move.table_id,
+                tablet_id=move.tablet_id, leaving_node=move.leaving.node, leaving_shard=move.leaving.shard,
+                pending_node=move.pending.node, pending_shard=move.pending.shard, kind=move.kind),
+                timeout=PROPOSE_TIMEOUT)
+            if not outcome.ok:
+                log.info("replica %s of tablet %d of %s refused: %s", move.kind, move.tablet_id, move.table_id,
+                         outcome.error_message)
 
     def _prepare_merge(self, table_id: str, term: int) -> None:
         """Start the migrations a requested merge still needs (one per tablet at a time), or merge once none is."""

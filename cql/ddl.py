@@ -77,7 +77,11 @@ class SchemaStatements:
     def _alter_keyspace(self, s: ast.AlterKeyspace) -> Result:
         rf = _replication_factor(s.replication)
         value = self._propose(AlterKeyspace(name=s.name, rf=rf, id_seed=_new_id(), cmd_id=_new_id()))
-        return _message("altered", "keyspace", s.name, value)
+        result = _message("altered", "keyspace", s.name, value)
+        if isinstance(value, str) and value.startswith("altered; "):
+            result.message += (f": {value.removeprefix('altered; ')}, one tablet at a time in the background "
+                               f"(`vbc status` lists the operations; `vbc tablets {s.name}.TABLE` shows each tablet)")
+        return result
 
     def _create_table(self, s: ast.CreateTable) -> Result:
         keyspace = keyspace_of(s.table)

@@ -15,13 +15,13 @@ import pyarrow.compute as pc
 
 from common.arrow_tokens import tablets_of, tokens_of
 from common.replica_messages import RowBatch
-from coordinator.core.migrations import is_filling, position_targets
+from coordinator.core.migrations import is_filling
 from coordinator.core.schema import Filter, Replica, Table
 from coordinator.core.tokens import tablet_range
 from storage.arrow_layouts import arrow_type, mutation_schema, ts_column_name, value_column_name
 
 from replica.rows import storage_spec
-from replica.view_updates import WriteContext, pair_index
+from replica.view_updates import WriteContext, pair_index, view_targets
 
 _PYTHON_TYPES = {"int": int, "bigint": int, "timestamp": int, "double": float, "text": str, "boolean": bool}
 _INT64 = range(-2 ** 63, 2 ** 63)
@@ -51,12 +51,13 @@ def view_updates_of_states(context: WriteContext, node_id: str, before: pa.Table
     if after.num_rows == 0:
         return []
     old, new = _visible(context.table, before), _visible(context.table, after)
-    pairs = _pairs(context, node_id, after.column("token").to_numpy())
+    tokens = after.column("token").to_numpy()
+    pairs, counts = _pairs(context, node_id, tokens), _base_counts(context, tokens)
     stamps = after.column("view_ts")
     updates = []
     for view in context.views:
         mutations, rows = view_mutations(view, old, new, stamps)
-        updates += _per_replica(context, view, mutations, pairs[rows])
+        updates += _per_replica(context, view, mutations, pairs[rows], counts[rows])
     return updates
 
 
@@ -178,21 +179,29 @@ def _pairs(context: WriteContext, node_id: str, tokens: np.ndarray) -> np.ndarra
     return positions[tablets]
 
 
-def _per_replica(context: WriteContext, view: Table, mutations: pa.Table,
-                 pairs: np.ndarray) -> list[tuple[str, RowBatch]]:
-    """The view mutations split by the view replica each goes to: the replica at position `pair` of the view
-    tablet owning the view row (and its pending replica while that view tablet moves)."""
+def _base_counts(context: WriteContext, tokens: np.ndarray) -> np.ndarray:
+    """The replica count of each row's base tablet."""
+    counts = np.array([len(replicas) for replicas in context.base_replicas], dtype=np.int64)
+    return counts[tablets_of(tokens, len(context.base_replicas))]
+
+
+def _per_replica(context: WriteContext, view: Table, mutations: pa.Table, pairs: np.ndarray,
+                 base_counts: np.ndarray) -> list[tuple[str, RowBatch]]:
+    """The view mutations split by the view replica each goes to: the replicas at the positions paired with
+    `pair` in the view tablet owning the view row (`replica.view_updates.view_targets`)."""
     view_map = context.view_replicas[view.id]
     tablets = tablets_of(mutations.column("token").to_numpy(), len(view_map))
-    width = int(pairs.max(initial=0)) + 1
-    codes = np.where(pairs < 0, -1, tablets * width + pairs)
+    count_width = int(base_counts.max(initial=0)) + 1
+    width = (int(pairs.max(initial=0)) + 1) * count_width
+    codes = np.where(pairs < 0, -1, tablets * width + pairs * count_width + base_counts)
     targets: dict[Replica, list[np.ndarray]] = {}
     moves = context.view_moves.get(view.id, {})
     for code in np.unique(codes).tolist():
         if code < 0:
             continue
-        tablet, pair = divmod(code, width)
-        for replica in position_targets(view_map[tablet][pair], moves.get(tablet)):
+        tablet, rest = divmod(code, width)
+        pair, base_count = divmod(rest, count_width)
+        for replica in view_targets(view_map, moves, int(tablet_range(tablet, len(view_map))[0]), pair, base_count):
             targets.setdefault(replica, []).append(np.flatnonzero(codes == code))
     return [(replica.node, RowBatch(table_id=view.id, shard=replica.shard, rows=(),
                                     schema_version=context.schema_version,

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 
 from common.replica_messages import RowBatch
 from coordinator.core.errors import Unavailable
-from coordinator.core.migrations import TabletTransition, is_filling, position_in, position_targets, transitions_of_table
+from coordinator.core.migrations import (
+    TabletTransition,
+    is_filling,
+    paired_positions,
+    position_in,
+    position_targets,
+    transitions_of_table,
+)
 from coordinator.core.schema import Replica, Table
 from coordinator.core.state import Group0State
 from coordinator.core.tokens import tablet_of
@@ -63,25 +70,31 @@ def view_updates(context: WriteContext, node_id: str, old: Row | None, new: Row)
     The view rows are written at `new.view_ts`, the replica-local version of this change of the base row.
     """
     pair = pair_index(context, node_id, new.token)
-    if is_filling(context.base_moves.get(tablet_of(new.token, len(context.base_replicas))), node_id):
+    tablet = tablet_of(new.token, len(context.base_replicas))
+    if is_filling(context.base_moves.get(tablet), node_id):
         return []  # the leaving replica, whose rows are complete, makes them
+    base_count = len(context.base_replicas[tablet])
     old_values, new_values = visible_row(context.table, old), visible_row(context.table, new)
     return [update
             for view in context.views
             for change in view_changes(view, old_values, new_values)
-            for update in _view_update(context, view, change, new.view_ts, pair)]
+            for update in _view_update(context, view, change, new.view_ts, pair, base_count)]
 
 
-def _view_update(context: WriteContext, view: Table, change: ViewChange, ts: int,
-                 pair: int) -> list[tuple[str, RowBatch]]:
+def _view_update(context: WriteContext, view: Table, change: ViewChange, ts: int, pair: int,
+                 base_count: int) -> list[tuple[str, RowBatch]]:
     row = delete_row(view, change.key, ts) if change.is_delete else upsert_row(view, change.values, ts)
     return [(target.node, RowBatch(table_id=view.id, shard=target.shard, rows=(row,),
                                    schema_version=context.schema_version))
-            for target in view_targets(context, view.id, row.token, pair)]
+            for target in view_targets(context.view_replicas[view.id], context.view_moves.get(view.id, {}),
+                                       row.token, pair, base_count)]
 
 
-def view_targets(context: WriteContext, view_id: str, token: int, pair: int) -> tuple[Replica, ...]:
-    """The view replicas an update of the view row at `token` from base position `pair` goes to."""
-    view_map = context.view_replicas[view_id]
+def view_targets(view_map: tuple[tuple[Replica, ...], ...], moves: dict[int, TabletTransition], token: int,
+                 pair: int, base_count: int) -> tuple[Replica, ...]:
+    """The view replicas a view row at `token` from base position `pair` (of `base_count`) goes to: the paired
+    positions (`migrations.paired_positions`) of the view tablet owning the row, moving replicas included."""
     tablet = tablet_of(token, len(view_map))
-    return position_targets(view_map[tablet][pair], context.view_moves.get(view_id, {}).get(tablet))
+    replicas = view_map[tablet]
+    return tuple(target for position in paired_positions(pair, base_count, len(replicas))
+                 for target in position_targets(replicas[position], moves.get(tablet)))

@@ -382,9 +382,12 @@ def test_a_finish_command_journaled_before_rows_scanned_existed_still_decodes():
 
 def test_an_rf_change_journaled_before_the_refusal_decodes_as_not_refusing():
     fields = {"cmd_id": "a", "name": "ks", "rf": 2, "id_seed": "1" * 32}
-    legacy = AlterKeyspace(refuse_with_tables=False, **fields)
+    legacy = AlterKeyspace(refuse_with_tables=False, move_data=False, **fields)
     assert decode({"op": "alter_keyspace", **fields}) == legacy
     assert decode({"op": "alter_keyspace", "v": JOURNAL_VERSION, **fields}) == legacy
     built_now = AlterKeyspace(**fields)
     assert built_now.refuse_with_tables and encode(built_now)["refuse_with_tables"] is True
+    assert built_now.move_data and encode(built_now)["move_data"] is True
     assert decode(json.loads(json.dumps(encode(built_now)))) == built_now
+    refusing = {"op": "alter_keyspace", "v": JOURNAL_VERSION, "refuse_with_tables": True, **fields}
+    assert decode(refusing) == AlterKeyspace(move_data=False, **fields)  # journaled before data could move

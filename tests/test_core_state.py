@@ -277,20 +277,31 @@ def legacy_alter_rf(name: str, rf: int) -> dict:
 
 @pytest.mark.parametrize("rf", [1, 3])
 @pytest.mark.parametrize("journal_form", [False, True])
-def test_rf_change_of_a_keyspace_with_tables_is_refused_and_changes_nothing(rf, journal_form):
+def test_an_rf_change_journaled_before_data_could_move_is_refused_again_and_changes_nothing(rf, journal_form):
     state = cluster(nodes=3)
     make_table(state, rf=2, tablets=2)
     make_view(state)
     assert state.apply(cmd("create_table", id=new_id(), keyspace="ks", name="t2", columns=[["key", "int"]],
                            partition_key=["key"], clustering_key=[])).ok
     before = replicated_fields(state)
-    command = alter_rf("ks", rf)
-    code, message = error_of(state, json.loads(json.dumps(encode(command))) if journal_form else command)
+    command = AlterKeyspace(name="ks", rf=rf, id_seed=new_id(), cmd_id=new_id(), move_data=False)
+    if journal_form:  # as journaled then: without "move_data"
+        command = {k: v for k, v in encode(command).items() if k != "move_data"}
+    code, message = error_of(state, json.loads(json.dumps(command)) if journal_form else command)
     assert code == "FAILED_PRECONDITION"
     assert message == (f"keyspace 'ks' holds tables (mv, t, t2): changing its replication factor from 2 to {rf} "
                        "needs data movement between nodes, which is not supported yet; create a new keyspace "
                        f"with replication = {{'rf': {rf}}} and copy the data into it")
     assert replicated_fields(state) == before  # tablet maps, tasks, statuses and the schema version
+
+
+def test_an_rf_change_of_a_keyspace_with_tables_sets_the_rf_and_leaves_the_moves_to_the_driver():
+    state = cluster(nodes=3)
+    table_id = make_table(state, rf=2, tablets=2)
+    maps = dict(state.tablets)
+    outcome = state.apply(alter_rf("ks", 3))
+    assert outcome.ok and outcome.value == "altered; 2 tablet replicas to add"
+    assert state.keyspaces["ks"].rf == 3 and state.tablets == maps and table_id in state.tablets
 
 
 def test_rf_change_of_an_empty_keyspace_is_allowed_and_tables_get_the_new_rf():

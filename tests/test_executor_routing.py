@@ -169,17 +169,15 @@ def test_ddl_waits_for_schema_agreement_and_names_the_nodes_that_did_not_confirm
     assert len(asked) == 2  # only schema statements that changed the schema wait
 
 
-def test_alter_keyspace_rf_is_refused_while_the_keyspace_holds_tables_and_allowed_when_empty(cluster):
+def test_alter_keyspace_rf_of_a_keyspace_with_tables_says_the_change_goes_on_in_the_background(cluster):
     executor, group0, writer, reader = cluster
     register_node(group0, "n2")
-    before = group0.read(lambda s: (s.schema_version, dict(s.keyspaces), dict(s.tablets), dict(s.tasks)))
-    with pytest.raises(FailedPrecondition) as refused:
-        executor.execute("ALTER KEYSPACE ks WITH replication = {'rf': 2}")
-    assert refused.value.message.startswith("keyspace 'ks' holds tables (t): changing its replication factor "
-                                            "from 1 to 2 needs data movement between nodes, which is not "
-                                            "supported yet; create a new keyspace")
-    assert group0.read(lambda s: (s.schema_version, dict(s.keyspaces), dict(s.tablets), dict(s.tasks))) == before
+    maps = group0.read(lambda s: dict(s.tablets))
+    message = executor.execute("ALTER KEYSPACE ks WITH replication = {'rf': 2}").message
+    assert message.startswith("altered keyspace ks: ") and "tablet replicas to add" in message
+    assert "in the background" in message and "vbc status" in message
+    assert group0.read(lambda s: (s.keyspaces["ks"].rf, dict(s.tablets))) == (2, maps)  # the driver adds them
     executor.execute("DROP TABLE ks.t")
-    assert executor.execute("ALTER KEYSPACE ks WITH replication = {'rf': 2}").message == "altered keyspace ks"
-    assert group0.read(lambda s: s.keyspaces["ks"].rf) == 2
+    assert executor.execute("ALTER KEYSPACE ks WITH replication = {'rf': 1}").message == "altered keyspace ks"
+    assert group0.read(lambda s: s.keyspaces["ks"].rf) == 1
     assert writer.writes == [] and reader.reads == []

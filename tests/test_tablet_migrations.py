@@ -403,3 +403,110 @@ def test_any_layout_co_locates_and_merges(rf, nodes, shards, seed):
     assert len(replicas) == 4 and all(len({r.node for r in rs}) == rf for rs in replicas)
     assert sorted((t.tablet_id, t.replica) for t in state.tasks.values()) == sorted(
         (n, r) for n in range(4) for r in replicas[n])
+
+
+# ------------------------------------------------------------------ replication factor changes
+
+from coordinator.core.commands import AlterKeyspace  # noqa: E402
+
+
+def alter_rf(state: Group0State, rf: int):
+    return state.apply(AlterKeyspace(cmd_id=None, name="ks", rf=rf, id_seed=uuid.uuid4().hex))
+
+
+def reconcile(state: Group0State) -> int:
+    """Start and finish the driver's replication moves until none is left; how many ran."""
+    ran = 0
+    while planned := m.replication_moves(state, limit=100):
+        for move in planned:
+            outcome = state.apply(StartTabletMigration(
+                cmd_id=None, migration_id=uuid.uuid4().hex, table_id=move.table_id, tablet_id=move.tablet_id,
+                leaving_node=move.leaving.node, leaving_shard=move.leaving.shard, pending_node=move.pending.node,
+                pending_shard=move.pending.shard, kind=move.kind))
+            assert outcome.ok, outcome
+            run_to(state, move.table_id, move.tablet_id, "end_migration")
+            ran += 1
+    return ran
+
+
+def test_paired_positions_cover_every_view_replica_whatever_the_two_counts():
+    assert m.paired_positions(0, 2, 2) == (0,) and m.paired_positions(1, 2, 2) == (1,)
+    assert m.paired_positions(0, 2, 3) == (0, 2) and m.paired_positions(1, 2, 3) == (1,)
+    assert m.paired_positions(2, 3, 2) == ()  # a base replica the view has no partner for feeds nothing
+    for base in range(1, 5):
+        for view in range(1, 5):
+            fed = [p for pair in range(base) for p in m.paired_positions(pair, base, view)]
+            assert sorted(fed) == list(range(view)), (base, view)
+
+
+def test_an_rf_increase_adds_a_streamed_replica_per_tablet_that_builds_the_unbuilt_views():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=1, tablets=2)
+    view_id = make_view(state)
+    assert alter_rf(state, 3).ok
+    transition_kinds = []
+    planned = m.replication_moves(state, limit=100)
+    assert {(p.kind, p.table_id) for p in planned} == {("add", table_id), ("add", view_id)}
+    assert reconcile(state) == 8  # 2 tables x 2 tablets x 2 replicas, one at a time per tablet
+    assert all(len(rs) == 3 and len({r.node for r in rs}) == 3 for t in (table_id, view_id)
+               for rs in state.tablets[t].replicas)
+    assert sorted((t.tablet_id, t.replica) for t in state.tasks.values()) == sorted(
+        (tablet, r) for tablet, rs in enumerate(state.tablets[table_id].replicas) for r in rs)
+    assert not transition_kinds
+
+
+def test_an_added_replica_gets_the_writes_of_its_source_and_no_reads_before_it_is_done():
+    state = cluster(nodes=2, shards=1)
+    table_id = make_table(state, rf=1, tablets=1)
+    source = state.tablets[table_id].replicas[0][0]
+    assert alter_rf(state, 2).ok
+    [move] = m.replication_moves(state, limit=10)
+    assert state.apply(StartTabletMigration(cmd_id=None, migration_id=uuid.uuid4().hex, table_id=table_id,
+                                            tablet_id=0, leaving_node=source.node, leaving_shard=source.shard,
+                                            pending_node=move.pending.node, pending_shard=move.pending.shard,
+                                            kind="add")).ok
+    assert m.write_replicas(state, table_id, 0) == (source, move.pending)
+    assert m.read_replicas(state, table_id, 0) == (source,)
+    assert m.position_of(state, table_id, 0, move.pending.node) == 1
+    assert not m.makes_view_updates(state, table_id, 0, move.pending.node)
+    run_to(state, table_id, 0, "cleanup")
+    assert m.next_step(m.transition_of(state, table_id, 0)) == m.Step(m.ADVANCE, m.END_MIGRATION)  # source stays
+    run_to(state, table_id, 0, "end_migration")
+    assert state.tablets[table_id].replicas[0] == (source, move.pending)
+
+
+def test_an_rf_decrease_removes_the_last_replica_its_tasks_and_statuses():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=3, tablets=2)
+    view_id = make_view(state)
+    last = {tablet: rs[-1] for tablet, rs in enumerate(state.tablets[table_id].replicas)}
+    assert alter_rf(state, 2).ok
+    [first, *_] = m.replication_moves(state, limit=10)
+    assert first.kind == "remove"
+    assert reconcile(state) == 4
+    for tablet, rs in enumerate(state.tablets[table_id].replicas):
+        assert len(rs) == 2 and last[tablet] not in rs
+    assert not any(t.replica == last[t.tablet_id] for t in state.tasks.values())
+    assert state.view_progress(view_id)["tasks_total"] == 4
+
+
+def test_a_replica_being_removed_takes_no_writes_nor_reads_and_is_cleaned_up():
+    state = cluster(nodes=2, shards=1)
+    table_id = make_table(state, rf=2, tablets=1)
+    replicas = state.tablets[table_id].replicas[0]
+    assert alter_rf(state, 1).ok
+    [move] = m.replication_moves(state, limit=10)
+    assert state.apply(StartTabletMigration(cmd_id=None, migration_id=uuid.uuid4().hex, table_id=table_id,
+                                            tablet_id=0, leaving_node=move.leaving.node,
+                                            leaving_shard=move.leaving.shard, pending_node=move.leaving.node,
+                                            pending_shard=move.leaving.shard, kind="remove")).ok
+    transition = m.transition_of(state, table_id, 0)
+    assert transition.stage == "use_new" and m.write_replicas(state, table_id, 0) == replicas[:1]
+    assert m.read_replicas(state, table_id, 0) == replicas[:1]
+    run_to(state, table_id, 0, "cleanup")
+    assert m.next_step(m.transition_of(state, table_id, 0)).action == m.CLEANUP_LEAVING
+    wrong = state.apply(StartTabletMigration(cmd_id=None, migration_id=uuid.uuid4().hex, table_id=table_id,
+                                             tablet_id=0, leaving_node=replicas[0].node,
+                                             leaving_shard=replicas[0].shard, pending_node=replicas[0].node,
+                                             pending_shard=replicas[0].shard, kind="remove"))
+    assert wrong.error_code == "FAILED_PRECONDITION"  # busy

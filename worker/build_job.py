@@ -16,7 +16,13 @@ from pyspark.sql import DataFrame
 
 from common.injection import Injections
 from coordinator.core.errors import NotFound
-from coordinator.core.migrations import TabletTransition, position_of, position_targets, transitions_of_table
+from coordinator.core.migrations import (
+    TabletTransition,
+    paired_positions,
+    position_of,
+    position_targets,
+    transitions_of_table,
+)
 from coordinator.core.schema import Replica, Table, Task
 from coordinator.core.tokens import tablet_range
 from replica.rows import storage_spec
@@ -44,6 +50,7 @@ class BuildPlan:
     view_replicas: dict[str, tuple[tuple[Replica, ...], ...]]
     schema_version: int
     view_moves: dict[str, dict[int, TabletTransition]] = field(default_factory=dict)  # view id -> tablet -> move
+    base_count: int = 1  # the replicas of the base tablet (paired positions: `migrations.paired_positions`)
 
 
 def build_plan(state, tasks: list[Task], node_id: str) -> BuildPlan:
@@ -62,7 +69,8 @@ def build_plan(state, tasks: list[Task], node_id: str) -> BuildPlan:
         raise NotFound(f"node {node_id} no longer holds tablet {tablet} of {base.qualified_name}")
     view_replicas = {v.id: state.tablets[v.id].replicas for v in views}
     view_moves = {v.id: transitions_of_table(state, v.id) for v in views}
-    return BuildPlan(base, views, first, last, pair, view_replicas, state.schema_version, view_moves)
+    return BuildPlan(base, views, first, last, pair, view_replicas, state.schema_version, view_moves,
+                     len(base_map.replicas[tablet]))
 
 
 @dataclass
@@ -134,7 +142,8 @@ class BuildJob:
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
         """Merge the view's rows at every destination replica, the destinations at once (each merge mostly waits:
         on a peer, or on this node's merging child process); the first error once all of them ended."""
-        parts = by_destination(view_rows, plan.view_replicas[view.id], plan.pair, plan.view_moves.get(view.id, {}))
+        parts = by_destination(view_rows, plan.view_replicas[view.id], plan.pair, plan.view_moves.get(view.id, {}),
+                               plan.base_count)
         if not parts:
             return  # no base row of the batch has a row in this view
         if len(parts) == 1:
@@ -149,15 +158,19 @@ class BuildJob:
 
 
 def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...], pair: int,
-                   moves: dict[int, TabletTransition] | None = None) -> dict[Replica, pa.Table]:
-    """View rows grouped by the view replica paired with this base replica in the view tablet owning each row
-    (and, while that view tablet moves, its pending replica too)."""
+                   moves: dict[int, TabletTransition] | None = None, base_count: int | None = None
+                   ) -> dict[Replica, pa.Table]:
+    """View rows grouped by the view replicas paired with this base replica in the view tablet owning each row
+    (`migrations.paired_positions`; while that view tablet moves, its pending replica too)."""
     tablets = tablet_indices(view_rows.column("token"), len(replicas))
     groups: dict[Replica, list[pa.Table]] = {}
     for tablet in pc.unique(tablets).to_pylist():
         rows = view_rows.filter(pc.equal(tablets, tablet))
-        for destination in position_targets(replicas[tablet][pair], (moves or {}).get(tablet)):
-            groups.setdefault(destination, []).append(rows)
+        view_replicas = replicas[tablet]
+        count = len(view_replicas) if base_count is None else base_count
+        for position in paired_positions(pair, count, len(view_replicas)):
+            for destination in position_targets(view_replicas[position], (moves or {}).get(tablet)):
+                groups.setdefault(destination, []).append(rows)
     return {replica: pa.concat_tables(parts) for replica, parts in groups.items()}
 
 

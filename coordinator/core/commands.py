@@ -77,6 +77,10 @@ class AlterKeyspace(Command):
     refused: it would need data movement between nodes. Entries journaled before that refusal lack the field
     and replay as they applied then (resizing the tablet maps without moving data), so a node that replays the
     log from its start reaches the state of one that restored a snapshot taken after them.
+
+    With `move_data` (every command built now) the change is accepted and only sets the keyspace's RF: the
+    leader's driver then adds or removes one replica per tablet at a time, streaming rows to each new one
+    (`coordinator.core.migrations`). Entries journaled before lack it and replay as they applied then.
     """
 
     op: ClassVar[str] = "alter_keyspace"
@@ -84,6 +88,7 @@ class AlterKeyspace(Command):
     rf: int
     id_seed: str
     refuse_with_tables: bool = dataclasses.field(default=True, metadata={JOURNAL_ABSENT: False})
+    move_data: bool = dataclasses.field(default=True, metadata={JOURNAL_ABSENT: False})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +215,9 @@ class StartTabletMigration(Command):
     leaving_shard: int
     pending_node: str
     pending_shard: int
+    # "move"; "add": a new replica (pending) filled from leaving, which stays (an RF increase); "remove": the last
+    # replica (leaving) goes and nothing replaces it (an RF decrease; pending names leaving again)
+    kind: str = "move"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -377,7 +385,7 @@ class _Field(NamedTuple):
 _REQUIRED = object()
 # Fields added to a version 2 command after entries without them were journaled: absent means the value of
 # the field's JOURNAL_ABSENT metadata, else its default.
-ADDED_WITH_DEFAULT = frozenset({"rows_scanned", "refuse_with_tables"})
+ADDED_WITH_DEFAULT = frozenset({"rows_scanned", "refuse_with_tables", "kind", "move_data"})
 _ENVELOPE = ("op", "v")
 
 

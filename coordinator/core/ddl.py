@@ -55,6 +55,8 @@ def alter_keyspace(state: Group0State, cmd: AlterKeyspace) -> str:
     keyspace = state.require_keyspace(cmd.name)
     rf = tablets.check_rf(state, cmd.rf)
     seed = check_id(cmd.id_seed)
+    if cmd.move_data:
+        return _change_replication(state, keyspace, rf)
     if cmd.refuse_with_tables and rf != keyspace.rf:
         _check_holds_no_tables(state, keyspace, rf)
     # Past the check, replica sets of tables change only for an entry journaled before the refusal (replayed);
@@ -66,6 +68,17 @@ def alter_keyspace(state: Group0State, cmd: AlterKeyspace) -> str:
             view_building.replicas_changed(state, table, seed, added[table.id])
     state.schema_version += 1
     return "altered"
+
+
+def _change_replication(state: Group0State, keyspace: Keyspace, rf: int) -> str:
+    """Set the keyspace's RF; the leader's driver brings every tablet to it (`migrations.replication_moves`)."""
+    if any(key[0] in {t.id for t in state.tables_in(keyspace.name)} for key in state.transitions) and rf != keyspace.rf:
+        raise FailedPrecondition(f"tablets of keyspace {keyspace.name!r} are moving; change its replication factor "
+                                 "once they are done")
+    state.keyspaces[keyspace.name] = Keyspace(keyspace.name, rf, keyspace.initial_tablets)
+    state.schema_version += 1
+    replicas = sum(abs(len(rs) - rf) for t in state.tables_in(keyspace.name) for rs in state.tablets[t.id].replicas)
+    return f"altered; {replicas} tablet replicas to {'add' if rf > keyspace.rf else 'remove'}" if replicas else "altered"
 
 
 def _check_holds_no_tables(state: Group0State, keyspace: Keyspace, rf: int) -> None:

@@ -28,7 +28,7 @@ from . import view_building
 from .commands import AdvanceTabletMigration, StartTabletMigration
 from .errors import FailedPrecondition, InvalidArgument, NotFound, StaleTerm
 from .ids import check_id, derived_id
-from .placement import replica_loads
+from .placement import choose_replicas, replica_loads
 from .schema import Replica, TabletMap
 
 if TYPE_CHECKING:
@@ -58,9 +58,15 @@ DONE = "done"
 REVERTED = "reverted"
 
 
+MOVE = "move"  # `pending` replaces `leaving` at its position
+ADD = "add"  # `pending` joins at a new last position, filled from `leaving` (which stays): an RF increase
+REMOVE = "remove"  # `leaving`, the last position, goes (`pending` names it again): an RF decrease
+KINDS = (MOVE, ADD, REMOVE)
+
+
 @dataclass(frozen=True)
 class TabletTransition:
-    """A tablet replica on the move: `leaving` is replaced by `pending` at the same position."""
+    """A tablet replica on the move: `leaving` is replaced by `pending` at the same position (see KINDS)."""
 
     migration_id: str
     table_id: str
@@ -69,11 +75,12 @@ class TabletTransition:
     pending: Replica
     stage: str
     reason: str = ""  # why it rolls back, once it does
+    kind: str = MOVE
 
     @property
     def moves_data(self) -> bool:
         """Whether rows travel: a move between shards of one node keeps them where they are (one store)."""
-        return self.leaving.node != self.pending.node
+        return self.kind != REMOVE and self.leaving.node != self.pending.node
 
 
 @dataclass(frozen=True)
@@ -92,9 +99,14 @@ def transition_of(state: Group0State, table_id: str, tablet_id: int) -> TabletTr
 
 
 def position_targets(replica: Replica, transition: TabletTransition | None) -> tuple[Replica, ...]:
-    """Where a write meant for `replica` (one position of a tablet) goes, given the tablet's transition."""
+    """Where a write meant for `replica` (one position of a tablet) goes, given the tablet's transition (an added
+    replica gets the writes of the replica it is filled from)."""
     if transition is None or transition.leaving != replica:
         return (replica,)
+    if transition.kind == ADD:
+        return (replica,) if transition.stage in ROLLBACK else (replica, transition.pending)
+    if transition.kind == REMOVE:
+        return ()
     if transition.stage in WRITE_BOTH:
         return (replica, transition.pending)
     if transition.stage in WRITE_NEW:
@@ -113,7 +125,9 @@ def read_replicas(state: Group0State, table_id: str, tablet_id: int) -> tuple[Re
     """The replicas a read of the tablet may use: the pending replica instead of the leaving one once filled."""
     replicas = state.tablets[table_id].replicas[tablet_id]
     transition = transition_of(state, table_id, tablet_id)
-    if transition is None or transition.stage not in READ_NEW:
+    if transition is not None and transition.kind == REMOVE:
+        return tuple(r for r in replicas if r != transition.leaving)
+    if transition is None or transition.kind == ADD or transition.stage not in READ_NEW:
         return replicas
     return tuple(transition.pending if r == transition.leaving else r for r in replicas)
 
@@ -128,9 +142,19 @@ def position_in(replicas: tuple[Replica, ...], transition: TabletTransition | No
     for index, replica in enumerate(replicas):
         if replica.node == node_id:
             return index
-    if transition is not None and transition.pending.node == node_id and transition.stage not in ROLLBACK:
-        return replicas.index(transition.leaving)
-    return None
+    if transition is None or transition.kind == REMOVE or transition.pending.node != node_id:
+        return None
+    if transition.stage in ROLLBACK:
+        return None
+    return len(replicas) if transition.kind == ADD else replicas.index(transition.leaving)
+
+
+def paired_positions(pair: int, base_count: int, view_count: int) -> range | tuple[int, ...]:
+    """The view replica positions the base replica at position `pair` feeds, for a base tablet of `base_count`
+    replicas and a view tablet of `view_count`: its own position, and base position 0 also every view position
+    no base replica holds (while an RF change has given the view tablet more replicas than the base one)."""
+    own = (pair,) if pair < view_count else ()
+    return own + tuple(range(max(base_count, 1), view_count)) if pair == 0 else own
 
 
 def makes_view_updates(state: Group0State, table_id: str, tablet_id: int, node_id: str) -> bool:
@@ -154,12 +178,17 @@ def transitions_of_table(state: Group0State, table_id: str) -> dict[int, TabletT
 def start_migration(state: Group0State, cmd: StartTabletMigration) -> str:
     """Validate the move, put the tablet in its first stage and abort the leaving replica's build tasks."""
     leaving, pending = Replica(cmd.leaving_node, cmd.leaving_shard), Replica(cmd.pending_node, cmd.pending_shard)
+    if cmd.kind not in KINDS:
+        raise InvalidArgument(f"unknown migration kind {cmd.kind!r}: use one of {', '.join(KINDS)}")
     _check_move(state, cmd, leaving, pending)
     if cmd.migration_id in state.migration_results:
         raise FailedPrecondition(f"migration {cmd.migration_id} already ran")
+    first_stage = USE_NEW if cmd.kind == REMOVE else ALLOW_WRITE_BOTH_READ_OLD
     state.transitions[(cmd.table_id, cmd.tablet_id)] = TabletTransition(
-        cmd.migration_id, cmd.table_id, cmd.tablet_id, leaving, pending, ALLOW_WRITE_BOTH_READ_OLD)
-    view_building.abort_replica_tasks(state, cmd.table_id, cmd.tablet_id, leaving)
+        cmd.migration_id, cmd.table_id, cmd.tablet_id, leaving, leaving if cmd.kind == REMOVE else pending,
+        first_stage, kind=cmd.kind)
+    if cmd.kind != ADD:
+        view_building.abort_replica_tasks(state, cmd.table_id, cmd.tablet_id, leaving)
     state.schema_version += 1
     return cmd.migration_id
 
@@ -177,17 +206,27 @@ def _check_move(state: Group0State, cmd: StartTabletMigration, leaving: Replica,
     if leaving not in replicas:
         raise InvalidArgument(f"{leaving} is not a replica of tablet {cmd.tablet_id} of {table.qualified_name} "
                               f"(its replicas: {', '.join(map(str, replicas))})")
+    _check_not_busy(state, table.qualified_name, cmd)
+    if cmd.kind == REMOVE:
+        if len(replicas) < 2 or replicas[-1] != leaving:
+            raise InvalidArgument(f"only the last of several replicas can be removed, not {leaving} of "
+                                  f"({', '.join(map(str, replicas))})")
+        return
     node = state.nodes.get(pending.node)
     if node is None:
         raise InvalidArgument(f"unknown node {pending.node!r} (nodes: {', '.join(sorted(state.nodes))})")
     if not 0 <= pending.shard < node.shards:
         raise InvalidArgument(f"node {pending.node} has shards 0..{node.shards - 1}, not {pending.shard}")
-    if pending == leaving or any(r.node == pending.node for r in replicas if r != leaving):
+    others = replicas if cmd.kind == ADD else [r for r in replicas if r != leaving]
+    if pending == leaving or any(r.node == pending.node for r in others):
         raise InvalidArgument(f"{pending.node} already holds tablet {cmd.tablet_id} of {table.qualified_name}; "
                               "move it to a node that does not")
+
+
+def _check_not_busy(state: Group0State, table_name: str, cmd: StartTabletMigration) -> None:
     busy = transition_of(state, cmd.table_id, cmd.tablet_id)
     if busy is not None:
-        raise FailedPrecondition(f"tablet {cmd.tablet_id} of {table.qualified_name} is in transition "
+        raise FailedPrecondition(f"tablet {cmd.tablet_id} of {table_name} is in transition "
                                  f"(migration {busy.migration_id}, stage {busy.stage}); wait until it ends")
 
 
@@ -236,21 +275,38 @@ def _check_step(transition: TabletTransition, to_stage: str) -> None:
 
 
 def _end(state: Group0State, transition: TabletTransition) -> None:
-    """The pending replica takes the leaving one's place; the aborted tasks move to it."""
+    """The pending replica takes the leaving one's place (or joins, or the leaving one just goes); the build tasks
+    follow: the aborted ones move to the pending replica, or go; an added replica builds the unbuilt views."""
     tablet_map = state.tablets[transition.table_id]
     replicas = list(tablet_map.replicas)
-    replicas[transition.tablet_id] = tuple(transition.pending if r == transition.leaving else r
-                                           for r in replicas[transition.tablet_id])
+    old = replicas[transition.tablet_id]
+    replicas[transition.tablet_id] = _replicas_after(old, transition)
     state.tablets[transition.table_id] = TabletMap(tablet_map.table_id, tuple(replicas))
-    view_building.recreate_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving,
-                                         transition.pending, seed=transition.migration_id)
+    seed = transition.migration_id
+    if transition.kind == MOVE:
+        view_building.recreate_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving,
+                                             transition.pending, seed=seed)
+    elif transition.kind == REMOVE:
+        view_building.drop_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving)
+    else:
+        view_building.build_on_added_replica(state, transition.table_id, transition.tablet_id, transition.pending,
+                                             seed=seed)
     _finish(state, transition, MigrationResult(DONE))
+
+
+def _replicas_after(replicas: tuple[Replica, ...], transition: TabletTransition) -> tuple[Replica, ...]:
+    if transition.kind == ADD:
+        return replicas + (transition.pending,)
+    if transition.kind == REMOVE:
+        return tuple(r for r in replicas if r != transition.leaving)
+    return tuple(transition.pending if r == transition.leaving else r for r in replicas)
 
 
 def _revert(state: Group0State, transition: TabletTransition) -> None:
     """The map stays; the aborted tasks get copies on the leaving replica."""
-    view_building.recreate_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving,
-                                         transition.leaving, seed=derived_id(transition.migration_id, "revert"))
+    if transition.kind != ADD:
+        view_building.recreate_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving,
+                                             transition.leaving, seed=derived_id(transition.migration_id, "revert"))
     _finish(state, transition, MigrationResult(REVERTED, transition.reason))
 
 
@@ -296,7 +352,8 @@ def next_step(transition: TabletTransition) -> Step:
     if stage == STREAMING:
         return Step(STREAM if moves else ADVANCE, to_stage)
     if stage == CLEANUP:
-        return Step(CLEANUP_LEAVING if moves else ADVANCE, to_stage)
+        leaves = transition.kind == REMOVE or (transition.kind == MOVE and moves)
+        return Step(CLEANUP_LEAVING if leaves else ADVANCE, to_stage)
     if stage == CLEANUP_TARGET:
         return Step(CLEANUP_PENDING if moves else ADVANCE, to_stage)
     return Step(BARRIER, to_stage)
@@ -332,3 +389,38 @@ def resolve_move(state: Group0State, table_id: str, tablet_id: int, leaving_text
         _, per_shard = replica_loads(state.tablets.values())
         shard = min(range(state.nodes[node].shards), key=lambda s: (per_shard[Replica(node, s)], s))
     return held[0], Replica(node, shard)
+
+
+# ------------------------------------------------------------------ replication factor changes
+
+
+@dataclass(frozen=True)
+class PlannedMove:
+    """A transition the leader's driver should start (see `replication_moves`)."""
+
+    table_id: str
+    tablet_id: int
+    kind: str
+    leaving: Replica
+    pending: Replica
+
+
+def replication_moves(state: Group0State, limit: int) -> list[PlannedMove]:
+    """Up to `limit` transitions bringing tablets to their keyspace's RF, one per tablet at a time: an ADD on the
+    least loaded node (and shard) not holding the tablet, filled from its first replica; a REMOVE of the last."""
+    per_node, per_shard = replica_loads(state.tablets.values())
+    planned: list[PlannedMove] = []
+    for table in sorted(state.tables.values(), key=lambda t: (t.keyspace, t.id)):
+        rf = state.keyspaces[table.keyspace].rf
+        for tablet, replicas in enumerate(state.tablets[table.id].replicas):
+            if len(planned) >= limit:
+                return planned
+            if (table.id, tablet) in state.transitions or len(replicas) == rf:
+                continue
+            if len(replicas) > rf:
+                planned.append(PlannedMove(table.id, tablet, REMOVE, replicas[-1], replicas[-1]))
+                continue
+            chosen = choose_replicas(state.nodes, 1, frozenset(r.node for r in replicas), per_node, per_shard)
+            if chosen:
+                planned.append(PlannedMove(table.id, tablet, ADD, replicas[0], chosen[0]))
+    return planned

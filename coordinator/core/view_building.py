@@ -85,13 +85,37 @@ def recreate_aborted_tasks(state: Group0State, base_id: str, tablet_id: int, abo
         if task.view_id is not None:
             state.build_status[(task.view_id, new_replica.node)] = BUILD_STARTED
         created += 1
+    _follow_holders(state, base_id)
+    return created
+
+
+def _follow_holders(state: Group0State, base_id: str) -> None:
+    """Drop the statuses of nodes left without a replica of the base; settle the nodes left without tasks."""
     holders = {r.node for replicas in state.tablets[base_id].replicas for r in replicas}
     for view in state.views_of(base_id):
         for key in [k for k in state.build_status if k[0] == view.id and k[1] not in holders]:
             del state.build_status[key]
     for key in unsettled_statuses(state):
         state.build_status[key] = BUILD_SUCCESS
-    return created
+
+
+def drop_aborted_tasks(state: Group0State, base_id: str, tablet_id: int, replica: Replica) -> None:
+    """The removed replica's aborted tasks go (nothing replaces them); statuses follow the holders."""
+    for task in [t for t in state.tasks.values()
+                 if t.aborted and (t.base_id, t.tablet_id, t.replica) == (base_id, tablet_id, replica)]:
+        del state.tasks[task.id]
+        if task.view_id in state.tasks_created:
+            state.tasks_created[task.view_id] -= 1
+    _follow_holders(state, base_id)
+
+
+def build_on_added_replica(state: Group0State, base_id: str, tablet_id: int, replica: Replica, seed: str) -> None:
+    """A replica added to a base tablet builds every view of the base that is not built yet."""
+    if base_id not in state.tables or state.tables[base_id].view is not None:
+        return
+    for view in state.views_of(base_id):
+        if not is_built(state, view.id):
+            create_build_tasks(state, view, seed, {tablet_id: [replica]})
 
 
 def split_tasks(state: Group0State, base_id: str, seed: str) -> None:
