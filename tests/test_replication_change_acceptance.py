@@ -83,3 +83,24 @@ def test_rf_1_to_2_after_the_view_was_built(cluster):
     assert_every_node_scans(cluster, ks, expected)
     for table in (f"{ks}.tab", f"{ks}.mv"):
         assert all(len({r.split(":")[0] for r in t["replicas"]}) == 2 for t in client.tablets(cluster.addresses(), table))
+
+
+def test_a_leader_killed_in_the_middle_of_a_migration_is_followed_by_one_that_finishes_it(cluster):
+    ks = "rf3"
+    expected = make_base(cluster, ks, 1500, rf=1)
+    with injected(cluster, "worker_pause_build_range", NODES):
+        create_view(cluster, ks)
+        source = client.tablets(cluster.addresses(), f"{ks}.tab")[0]["replicas"][0].split(":")[0]
+        leader = cluster.wait_for_leader()
+        destination = next(n for n in NODES if n not in (source, leader))  # a dead pending replica rolls back
+        with injected(cluster, "pause_tablet_migration_stage", NODES):
+            migration_id = client.move_tablet(cluster.addresses(), f"{ks}.tab", 0, source, destination)
+            wait_hit(cluster, "pause_tablet_migration_stage", leader)
+            cluster.stop_node(leader, kill=True)
+            cluster.wait_for_leader(exclude=[leader])
+        cluster.start_node(leader)
+        result = client.wait_migration(cluster.addresses(), migration_id, CHANGE_TIMEOUT)
+        assert result["state"] == "done", result
+        assert client.tablets(cluster.addresses(), f"{ks}.tab")[0]["replicas"][0].split(":")[0] == destination
+    assert_correct(cluster, ks)
+    assert_every_node_scans(cluster, ks, expected)
