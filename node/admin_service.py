@@ -59,8 +59,10 @@ class AdminService(rpc.AdminServicer):
         probes = {n.id: self._pool.submit(deps.probe, n.id) for n in nodes}
         response = pb.StatusResponse(leader=group0_status.get("leader_id") or "", term=group0_status["term"],
                                      answered_by=deps.node_id, schema_version=version, migrations=moving)
+        streams = []
         for member in nodes:
             local = probes[member.id].result()
+            streams += list(local.streams) if local is not None else []
             response.nodes.append(pb.NodeStatus(
                 id=member.id, grpc=member.grpc, raft=member.raft, alive=local is not None, shards=member.shards,
                 schema_version=local.schema_version if local else 0,
@@ -68,6 +70,7 @@ class AdminService(rpc.AdminServicer):
                 worker=local.worker if local and local.HasField("worker") else None,
             ))
         _add_errors(views, response.nodes)
+        _add_stream_progress(response.migrations, streams)
         response.views.extend(view for _, view in views)
         return response
 
@@ -130,7 +133,11 @@ class AdminService(rpc.AdminServicer):
     @unary
     def Migration(self, request, context):
         self._deps.catch_up()
-        return self._deps.read_state(lambda s: migration_info(s, request.migration_id))
+        info = self._deps.read_state(lambda s: migration_info(s, request.migration_id))
+        if info.state == "in_progress" and info.pending:
+            local = self._deps.probe(info.pending.split(":")[0])
+            _add_stream_progress([info], list(local.streams) if local is not None else [])
+        return info
 
     @unary
     def CheckView(self, request, context):
@@ -172,6 +179,15 @@ class AdminService(rpc.AdminServicer):
         return pb.InjectResponse(hit=hit, points=points, node=self._deps.node_id, injections_disabled=not enabled)
 
 
+def _add_stream_progress(migrations, streams) -> None:
+    """Give each migration in progress the rows its pending node reports streamed, and their rate."""
+    by_id = {m.migration_id: m for m in migrations}
+    for stream in streams:
+        migration = by_id.get(stream.migration_id)
+        if migration is not None:
+            migration.rows_streamed, migration.rows_per_s = stream.rows, stream.rows_per_s
+
+
 def _add_errors(views: list[tuple[str, pb.ViewStatus]], nodes) -> None:
     """Give each view the nodes whose workers report its batches failing (node order)."""
     by_view = {view_id: view for view_id, view in views}
@@ -196,6 +212,7 @@ def migration_info(state, migration_id: str) -> pb.MigrationInfo:
         info.state, info.stage = "in_progress", transition.stage
         info.table = table.qualified_name if table is not None else transition.table_id
         info.tablet, info.leaving, info.pending = transition.tablet_id, str(transition.leaving), str(transition.pending)
+        info.kind = transition.kind
         return info
     result = state.migration_results.get(migration_id)
     if result is not None:

@@ -691,11 +691,20 @@ def cmd_tablet_move(args: argparse.Namespace) -> int:
         print(migration_id)
         return 0
     shown: list[str] = []
+    live = sys.stderr.isatty() and not args.json
 
     def show_stage(current: dict) -> None:
-        if not args.json and current["stage"] and current["stage"] not in shown:
-            shown.append(current["stage"])
-            print(f"migration {migration_id}: {current['stage']}", file=sys.stderr)
+        stage = current["stage"]
+        if args.json or not stage:
+            return
+        if live and stage == "streaming":
+            rate = f", {current['rows_per_s']:,.0f} rows/s" if current.get("rows_per_s") else ""
+            print(f"\rmigration {migration_id[:8]}: streaming, {current.get('rows_streamed', 0):,} rows{rate}   ",
+                  end="", file=sys.stderr, flush=True)
+        elif stage not in shown:
+            shown.append(stage)
+            print(("\n" if live and "streaming" in shown[:-1] and len(shown) > 1 else "")
+                  + f"migration {migration_id[:8]}: {stage}", file=sys.stderr)
 
     try:
         result = client.wait_migration(addresses, migration_id, args.timeout, on_progress=show_stage)

@@ -360,6 +360,7 @@ def status_to_dict(response: pb.StatusResponse) -> dict:
         "schema_version": response.schema_version,
         "nodes": [node_status_to_dict(node) for node in response.nodes],
         "views": [view_status_to_dict(view) for view in response.views],
+        "migrations": [migration_to_dict(m) for m in response.migrations],
     }
 
 
@@ -435,7 +436,8 @@ def tablet_to_dict(tablet: pb.TabletInfo) -> dict:
 def migration_to_dict(info: pb.MigrationInfo) -> dict:
     return {"migration_id": info.migration_id, "state": info.state, "stage": info.stage or None,
             "reason": info.reason or None, "table": info.table or None, "tablet": info.tablet,
-            "leaving": info.leaving or None, "pending": info.pending or None}
+            "leaving": info.leaving or None, "pending": info.pending or None, "kind": info.kind or None,
+            "rows_streamed": info.rows_streamed, "rows_per_s": round(info.rows_per_s, 1)}
 
 
 def move_tablet(addr_or_addrs, table: str, tablet: int, from_replica: str, to_replica: str,

@@ -182,7 +182,23 @@ def render_status(document: dict) -> Group:
     parts = [header, status_nodes_table(document["nodes"], document["leader"]), *spark_error_lines(document["nodes"])]
     parts.append(status_views_table(document["views"]) if document["views"] else Text("no views", style="dim"))
     parts += view_error_lines(document["views"])
+    if document.get("migrations"):
+        parts.append(status_migrations_table(document["migrations"]))
     return Group(*parts)
+
+
+def status_migrations_table(migrations: list[dict]) -> Table:
+    """Tablet migrations in progress: which replica goes where, the stage, rows streamed and their rate."""
+    table = Table(title="tablet migrations", title_justify="left")
+    for column in ("table", "tablet", "kind", "from", "to", "stage", "rows streamed"):
+        table.add_column(column, no_wrap=True)
+    for migration in migrations:
+        rate = f" ({migration['rows_per_s']:,.0f}/s)" if migration.get("rows_per_s") else ""
+        table.add_row(cell(migration["table"]), cell(migration["tablet"]), cell(migration.get("kind") or "move"),
+                      cell(migration["leaving"] if migration.get("kind") != "add" else ""),
+                      cell(migration["pending"] if migration.get("kind") != "remove" else ""),
+                      cell(migration["stage"]), Text(f"{migration.get('rows_streamed', 0):,}{rate}"))
+    return table
 
 
 def check_report(result: dict) -> Group:

@@ -128,7 +128,7 @@ class MigrationRequest(_message.Message):
     def __init__(self, migration_id: _Optional[str] = ...) -> None: ...
 
 class MigrationInfo(_message.Message):
-    __slots__ = ("migration_id", "state", "stage", "reason", "table", "tablet", "leaving", "pending")
+    __slots__ = ("migration_id", "state", "stage", "reason", "table", "tablet", "leaving", "pending", "kind", "rows_streamed", "rows_per_s")
     MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,9 @@ class MigrationInfo(_message.Message):
     TABLET_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ROWS_STREAMED_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
     migration_id: str
     state: str
     stage: str
@@ -145,7 +148,10 @@ class MigrationInfo(_message.Message):
     tablet: int
     leaving: str
     pending: str
-    def __init__(self, migration_id: _Optional[str] = ..., state: _Optional[str] = ..., stage: _Optional[str] = ..., reason: _Optional[str] = ..., table: _Optional[str] = ..., tablet: _Optional[int] = ..., leaving: _Optional[str] = ..., pending: _Optional[str] = ...) -> None: ...
+    kind: str
+    rows_streamed: int
+    rows_per_s: float
+    def __init__(self, migration_id: _Optional[str] = ..., state: _Optional[str] = ..., stage: _Optional[str] = ..., reason: _Optional[str] = ..., table: _Optional[str] = ..., tablet: _Optional[int] = ..., leaving: _Optional[str] = ..., pending: _Optional[str] = ..., kind: _Optional[str] = ..., rows_streamed: _Optional[int] = ..., rows_per_s: _Optional[float] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
