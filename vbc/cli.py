@@ -690,21 +690,23 @@ def cmd_tablet_move(args: argparse.Namespace) -> int:
     if args.no_wait:
         print(migration_id)
         return 0
-    shown: list[str] = []
-    live = sys.stderr.isatty() and not args.json
+    shown: list[str] = []  # stages printed so far
+    live = sys.stderr.isatty() and not args.json  # a terminal: the streaming line updates in place
 
     def show_stage(current: dict) -> None:
         stage = current["stage"]
         if args.json or not stage:
             return
+        if stage not in shown:
+            if live and shown and shown[-1] == "streaming":
+                print(file=sys.stderr)
+            shown.append(stage)
+            print(f"migration {migration_id[:8]}: {stage}", end="" if live and stage == "streaming" else "\n",
+                  file=sys.stderr, flush=True)
         if live and stage == "streaming":
             rate = f", {current['rows_per_s']:,.0f} rows/s" if current.get("rows_per_s") else ""
             print(f"\rmigration {migration_id[:8]}: streaming, {current.get('rows_streamed', 0):,} rows{rate}   ",
                   end="", file=sys.stderr, flush=True)
-        elif stage not in shown:
-            shown.append(stage)
-            print(("\n" if live and "streaming" in shown[:-1] and len(shown) > 1 else "")
-                  + f"migration {migration_id[:8]}: {stage}", file=sys.stderr)
 
     try:
         result = client.wait_migration(addresses, migration_id, args.timeout, on_progress=show_stage)
