@@ -40,6 +40,13 @@ class NodeMetrics:
                                       ["outcome"], registry=r)
         self.tablet_cleanup_rows = Counter("vbc_tablet_cleanup_rows_total",
                                            "Rows deleted by tablet cleanups on this node", registry=r)
+        # the tablet migration driver (runs on the group0 leader only)
+        self.migration_stages = Counter("vbc_tablet_migration_stage_changes_total",
+                                        "Migration stages this node's driver proposed, by the stage entered",
+                                        ["stage"], registry=r)
+        self.migrations_ended = Counter("vbc_tablet_migrations_total",
+                                        "Migrations this node's driver ended, by outcome (done, reverted)",
+                                        ["outcome"], registry=r)
         # the view building loop (runs on the group0 leader only)
         self.view_building_rounds = Counter("vbc_view_building_loop_rounds_total",
                                             "Rounds of the view building loop", registry=r)

@@ -235,6 +235,11 @@ class MigrationDriver:
         outcome = self._group0.propose(command, timeout=PROPOSE_TIMEOUT)
         if not outcome.ok:
             raise StepFailed(f"proposing {to_stage} refused: {outcome.error_message}", roll_back=False)
+        if self._metrics is not None:
+            self._metrics.migration_stages.labels(to_stage).inc()
+            if to_stage in core.FINAL:
+                self._metrics.migrations_ended.labels(core.DONE if to_stage == core.END_MIGRATION
+                                                      else core.REVERTED).inc()
         log.info("migration %s of tablet %d: %s -> %s", transition.migration_id, transition.tablet_id,
                  transition.stage, to_stage)
 
