@@ -35,7 +35,7 @@ def raft_options(data_dir: Path, password: str) -> dict:
         "journalFile": str(data_dir / JOURNAL_FILE),
         "fullDumpFile": str(data_dir / DUMP_FILE),
         "useFork": False,  # we share the process with gRPC threads; dumps are written by the tick thread
-        "dynamicMembershipChange": False,
+        "dynamicMembershipChange": True,  # nodes join (vbc node start --join) and leave (decommission, remove)
         "appendEntriesUseBatch": False,  # ship each entry at once: ~1 ms per command instead of ~100 ms
         "commandsWaitLeader": True,  # during an election, commands queue until a leader is known
         "appendEntriesPeriod": 0.1,  # heartbeats; an election starts 0.5-1.0 s after the last one seen
@@ -271,6 +271,31 @@ class Group0:
         if isinstance(result, _ApplyFailure):
             raise StateMachineError(f"group0 state machine failed to apply {entry!r}: {result.description}")
         return result
+
+    def members(self) -> set[str]:
+        """The Raft addresses of the group's members, this node included, as this node knows them."""
+        if self._syncobj is None:
+            return {self._raft_addr, *self._peers.values()}
+        return {self._raft_addr, *(node.id for node in self._syncobj.otherNodes)}
+
+    def add_member(self, raft_addr: str, timeout: float = 10.0) -> None:
+        """Add a node to the Raft group (it then starts with every member as its peers); done if already one."""
+        self._change_membership(raft_addr, adding=True, timeout=timeout)
+
+    def remove_member(self, raft_addr: str, timeout: float = 10.0) -> None:
+        """Take a node out of the Raft group; done if it is not a member."""
+        self._change_membership(raft_addr, adding=False, timeout=timeout)
+
+    def _change_membership(self, raft_addr: str, adding: bool, timeout: float) -> None:
+        if (raft_addr in self.members()) == adding:
+            return
+        change = self._syncobj.addNodeToCluster if adding else self._syncobj.removeNodeFromCluster
+        try:
+            self._replicate(lambda callback: change(raft_addr, callback=callback), "membership change", timeout)
+        except Group0Unavailable:
+            if (raft_addr in self.members()) != adding:
+                raise
+        logger.info("group0 %s: %s %s", self._node_id, "added" if adding else "removed", raft_addr)
 
     def barrier(self, timeout: float = 10.0) -> int:
         """Wait until this node has applied everything committed before the call; return applied_index."""

@@ -19,7 +19,8 @@ from typing import Any, Protocol, TypeVar
 from common.injection import InjectedFailure, Injections
 from coordinator.core import migrations as core
 from coordinator.core import resize
-from coordinator.core.commands import AdvanceTabletMigration, Command, MergeTablets, StartTabletMigration
+from coordinator.core.commands import AdvanceTabletMigration, Command, MergeTablets, RemoveNode, StartTabletMigration
+from coordinator.core.schema import NODE_REMOVING
 from coordinator.core.errors import CoreError
 from coordinator.core.state import Group0State
 from coordinator.core.tokens import tablet_range
@@ -39,6 +40,8 @@ class Group0Client(Protocol):
     def read(self, fn: Callable[[Group0State], T]) -> T: ...
 
     def propose(self, command: Command, timeout: float = ...) -> Any: ...
+
+    def remove_member(self, raft_addr: str, timeout: float = ...) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,9 @@ class MigrationDriver:
         for table_id in self._group0.read(lambda s: sorted(s.merge_requests)):
             self._prepare_merge(table_id, term)
         self._start_replication_moves()
+        self._start_planned(self._group0.read(lambda s: core.drain_moves(s, max(self._max_parallel * 2
+                                                                                 - len(s.transitions), 0))))
+        self._remove_drained_nodes(term)
         transitions = self._group0.read(lambda s: sorted(s.transitions.values(), key=lambda t: t.migration_id))
         now = time.monotonic()
         with self._cond:
@@ -135,16 +141,31 @@ class MigrationDriver:
     def _start_replication_moves(self) -> None:
         """Start the replica additions and removals that bring tablets to their keyspace's RF (a few at a time)."""
         limit = self._max_parallel * 2
-        planned = self._group0.read(lambda s: core.replication_moves(s, max(limit - len(s.transitions), 0)))
+        self._start_planned(self._group0.read(lambda s: core.replication_moves(s, max(limit - len(s.transitions), 0))))
+
+    def _start_planned(self, planned: list[core.PlannedMove]) -> None:
         for move in planned:
+            source = move.source
             outcome = self._group0.propose(StartTabletMigration(
                 cmd_id=uuid.uuid4().hex, migration_id=uuid.uuid4().hex, table_id=move.table_id,
                 tablet_id=move.tablet_id, leaving_node=move.leaving.node, leaving_shard=move.leaving.shard,
-                pending_node=move.pending.node, pending_shard=move.pending.shard, kind=move.kind),
+                pending_node=move.pending.node, pending_shard=move.pending.shard, kind=move.kind,
+                source_node=source.node if source else "", source_shard=source.shard if source else 0),
                 timeout=PROPOSE_TIMEOUT)
             if not outcome.ok:
                 log.info("replica %s of tablet %d of %s refused: %s", move.kind, move.tablet_id, move.table_id,
                          outcome.error_message)
+
+    def _remove_drained_nodes(self, term: int) -> None:
+        """Take the departing nodes that hold nothing any more out of the Raft group, then out of group0."""
+        for node_id in self._group0.read(core.removable_nodes):
+            raft_addr = self._group0.read(lambda s: s.nodes[node_id].raft if node_id in s.nodes else None)
+            if raft_addr is None:
+                continue
+            self._group0.remove_member(raft_addr, timeout=PROPOSE_TIMEOUT)
+            outcome = self._group0.propose(RemoveNode(cmd_id=uuid.uuid4().hex, term=term, node_id=node_id),
+                                           timeout=PROPOSE_TIMEOUT)
+            log.info("node %s removed from the cluster: %s", node_id, "done" if outcome.ok else outcome.error_message)
 
     def _prepare_merge(self, table_id: str, term: int) -> None:
         """Start the migrations a requested merge still needs (one per tablet at a time), or merge once none is."""
@@ -192,14 +213,15 @@ class MigrationDriver:
         if self._leadership() != (True, term):
             return  # deposed meanwhile: the next leader resumes
         step = core.next_step(transition)
-        nodes, version, token_count = self._group0.read(lambda s: (
-            sorted(s.nodes), s.schema_version, s.tablets[transition.table_id].tablet_count))
+        nodes, version, token_count, dead = self._group0.read(lambda s: (
+            core.barrier_nodes(s), s.schema_version, s.tablets[transition.table_id].tablet_count,
+            s.nodes.get(transition.leaving.node) is None or s.nodes[transition.leaving.node].state == NODE_REMOVING))
         first, last = tablet_range(transition.tablet_id, token_count)
         if step.action == core.BARRIER:
             self._barrier(transition, nodes, version)
         elif step.action == core.STREAM:
             self._stream(transition, term, first, last, version)
-        elif step.action in (core.CLEANUP_LEAVING, core.CLEANUP_PENDING):
+        elif step.action == core.CLEANUP_PENDING or (step.action == core.CLEANUP_LEAVING and not dead):
             node = transition.leaving.node if step.action == core.CLEANUP_LEAVING else transition.pending.node
             self._cleanup(transition, node, term, first, last, version)
         self._propose(transition, step.to_stage, term)
@@ -215,7 +237,7 @@ class MigrationDriver:
         started = time.monotonic()
         try:
             rows = self._calls.stream(transition.pending.node, term, transition.migration_id, transition.table_id,
-                                      first, last, transition.leaving.node, version)
+                                      first, last, transition.stream_source.node, version)
         except CoreError as error:
             raise StepFailed(f"streaming to {transition.pending.node} failed: {error.message}", roll_back=True) from None
         log.info("migration %s: streamed %d rows of tablet %d from %s to %s in %.2fs", transition.migration_id, rows,

@@ -1,6 +1,7 @@
 """The Admin gRPC service: cluster status, tablet maps and fault injection, for operators and the CLI."""
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -9,15 +10,18 @@ from dataclasses import dataclass
 from common.injection import Injections
 from common.progress import BuildRates
 from common.status import unary
-from coordinator.core.commands import RequestTabletMerge, SplitTablets, StartTabletMigration
-from coordinator.core.errors import InvalidArgument, NotFound, PermissionDenied
-from coordinator.core.migrations import resolve_move, transitions_of_table
+from coordinator.core.commands import DecommissionNode, RequestTabletMerge, SplitTablets, StartTabletMigration
+from coordinator.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from coordinator.core.migrations import resolve_move, stranded_tablets, transitions_of_table
+from coordinator.core.tablets import removed_message
 from coordinator.core.tokens import tablet_range
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
 from worker.check import DEFAULT_EXAMPLES, CheckResult
 
 STATUS_PROBE_THREADS = 8
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class AdminDeps:
     check_view: Callable[[str, str, int], CheckResult]  # (keyspace, view, max examples) -> the check's result
     clock: Callable[[], float]  # monotonic seconds, for build rates
     propose: Callable = lambda command: None  # (group0 command) -> its Outcome, committed
+    add_member: Callable[[str], None] = lambda raft_addr: None  # admit a Raft address into group0
     injections_enabled: bool = False  # `vbc node start --enable-injections`: Inject may switch points on
 
 
@@ -131,6 +136,34 @@ class AdminService(rpc.AdminServicer):
         return pb.ResizeTabletsResponse(tablet_count=now, target_count=outcome.value)
 
     @unary
+    def JoinCluster(self, request, context):
+        self._deps.require_ready()
+        members = self._deps.read_state(lambda s: check_join(s, request))
+        self._deps.add_member(request.raft)
+        log.info("node %s (%s, Raft %s) admitted into group0", request.node_id, request.grpc, request.raft)
+        return pb.JoinClusterResponse(members=members)
+
+    @unary
+    def Decommission(self, request, context):
+        self._deps.require_ready()
+        stranded = self._deps.read_state(lambda s: stranded_tablets(s, request.node_id) if request.dead else [])
+        if stranded:
+            shown = ", ".join(f"tablet {tablet} of {table}" for table, tablet in stranded[:5])
+            raise FailedPrecondition(f"node {request.node_id} holds the only replica of {len(stranded)} tablet(s) "
+                                     f"({shown}): its rows would be lost; bring the node back and decommission it "
+                                     "instead, or raise the RF first")
+        outcome = self._deps.propose(DecommissionNode(cmd_id=uuid.uuid4().hex, node_id=request.node_id,
+                                                      dead=request.dead))
+        if not outcome.ok:
+            raise outcome.error
+        return self._deps.read_state(lambda s: node_info(s, request.node_id))
+
+    @unary
+    def NodeState(self, request, context):
+        self._deps.catch_up()
+        return self._deps.read_state(lambda s: node_info(s, request.node_id))
+
+    @unary
     def Migration(self, request, context):
         self._deps.catch_up()
         info = self._deps.read_state(lambda s: migration_info(s, request.migration_id))
@@ -196,6 +229,31 @@ def _add_errors(views: list[tuple[str, pb.ViewStatus]], nodes) -> None:
             view = by_view.get(failure.view_id)
             if view is not None:
                 view.errors.append(pb.ViewBuildError(node=node.id, error=failure.error, attempts=failure.attempts))
+
+
+def check_join(state, request) -> list[pb.Member]:
+    """The members a joining node starts with; refuses a removed id or an id or address already in use."""
+    if not request.node_id or not request.grpc or not request.raft:
+        raise InvalidArgument("a joining node gives its id, gRPC and Raft addresses")
+    if request.node_id in state.removed_nodes:
+        raise FailedPrecondition(removed_message(request.node_id))
+    known = state.nodes.get(request.node_id)
+    if known is not None and (known.grpc, known.raft) != (request.grpc, request.raft):
+        raise AlreadyExists(f"node {request.node_id} is already a member at {known.grpc} (Raft {known.raft}); "
+                            "choose another id")
+    for node in state.nodes.values():
+        if node.id != request.node_id and request.raft in (node.grpc, node.raft):
+            raise AlreadyExists(f"address {request.raft} is already used by node {node.id}")
+    return [pb.Member(id=n.id, grpc=n.grpc, raft=n.raft) for n in sorted(state.nodes.values(), key=lambda n: n.id)
+            if n.id != request.node_id]
+
+
+def node_info(state, node_id: str) -> pb.NodeInfo:
+    node = state.nodes.get(node_id)
+    held = sum(1 for m in state.tablets.values() for rs in m.replicas for r in rs if r.node == node_id)
+    if node is not None:
+        return pb.NodeInfo(node_id=node_id, state=node.state, replicas=held)
+    return pb.NodeInfo(node_id=node_id, state="removed" if node_id in state.removed_nodes else "unknown")
 
 
 def _resolved_move(state, keyspace: str, name: str, request):

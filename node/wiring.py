@@ -221,7 +221,8 @@ class Node:
             require_ready=self.require_ready, probe=self.endpoint.local_status, injections=self.injections,
             catch_up=self._status_barrier, clock=time.monotonic, check_view=self.check_view,
             injections_enabled=self.config.enable_injections,
-            propose=lambda command: self.group0.propose(command, timeout=20.0)))
+            propose=lambda command: self.group0.propose(command, timeout=20.0),
+            add_member=lambda raft_addr: self.group0.add_member(raft_addr, timeout=20.0)))
         rpc.add_AdminServicer_to_server(self._admin, server)
         rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
             replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,

@@ -168,6 +168,10 @@ class LocalCluster:
         return cluster_mod.start_node(self.data_dir, node_id, timeout=timeout, die_with_parent=True,
                                       spawn=self._spawn)
 
+    def add_node(self, timeout: float = START_TIMEOUT) -> dict:
+        """Start one more node that joins the cluster (`vbc cluster add-node`); its record in cluster.json."""
+        return cluster_mod.add_node(self.data_dir, timeout=timeout, die_with_parent=True, spawn=self._spawn)
+
     def restart_node(self, node_id: str, kill: bool = False) -> int:
         self.stop_node(node_id, kill=kill)
         return self.start_node(node_id)

@@ -163,7 +163,19 @@ def add_node_parser(commands) -> None:
                        help="start the Spark session and warm it up in the background when the node starts (default); "
                             "--no-spark-prestart starts it at the first view building batch, so the node holds no JVM "
                             "until it builds")
+    start.add_argument("--join", type=lambda text: [host_port(a) for a in text.split(",") if a], metavar="HOST:PORT,...",
+                       help="join a running cluster through any of its nodes (gRPC address): this node is admitted "
+                            "into the Raft group and starts with its members as peers")
     start.set_defaults(handler=cmd_node_start, parser=start)
+    target = target_options()
+    for action, text in (("decommission", "move every tablet replica off a live node, then remove it from the cluster"),
+                         ("remove", "remove a dead node: its tablet replicas are rebuilt from the surviving ones")):
+        leave = node_commands.add_parser(action, parents=[target], help=text)
+        leave.add_argument("node_id", metavar="ID")
+        leave.add_argument("--no-wait", action="store_true", help="return once the node is marked as leaving")
+        leave.add_argument("--timeout", type=positive_float, default=3600.0, metavar="S",
+                           help="give up waiting after S seconds (exit status 1; default 3600)")
+        leave.set_defaults(handler=cmd_node_leave, parser=leave, dead=action == "remove")
 
 
 def add_cluster_parser(commands) -> None:
@@ -203,6 +215,12 @@ def add_cluster_parser(commands) -> None:
     start.add_argument("id", metavar="ID")
     start.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
     start.set_defaults(handler=cmd_cluster_start_node, parser=start)
+
+    add = cluster_commands.add_parser("add-node", help="start one more node that joins the running cluster")
+    add.add_argument("--data-dir", required=True, type=absolute_path, metavar="DIR")
+    add.add_argument("--shards", type=positive_int, metavar="S", help="default: as the cluster's other nodes")
+    add.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
+    add.set_defaults(handler=cmd_cluster_add_node, parser=add)
 
 
 def add_client_parsers(commands) -> None:
@@ -391,9 +409,19 @@ def cmd_node_start(args: argparse.Namespace) -> int:
             raise
         print("error: the node daemon (node.wiring) is not installed", file=sys.stderr)
         return 1
+    peers = dict(args.peers)
+    try:
+        if args.join:
+            peers.update(client.join_cluster(args.join, args.id, args.grpc, args.raft, args.shards))
+        elif peers:
+            refuse_if_removed(args.id, [grpc for grpc, _ in peers.values()])
+    except (grpc.RpcError, NodeRemoved) as error:
+        message = client.error_text(error) if isinstance(error, grpc.RpcError) else str(error)
+        print(f"error: node {args.id} cannot start: {message}", file=sys.stderr)
+        return 1
     args.data_dir.mkdir(parents=True, exist_ok=True)
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
-                        peers=args.peers, shards=args.shards, storage_url=args.storage_url,
+                        peers=peers, shards=args.shards, storage_url=args.storage_url,
                         metrics_addr=args.metrics, spark_memory=args.spark_memory,
                         limits=node_limits(args), enable_injections=args.enable_injections,
                         spark_prestart=args.spark_prestart,
@@ -401,6 +429,46 @@ def cmd_node_start(args: argparse.Namespace) -> int:
                         **({"spark_java_options": args.spark_java_options}
                            if args.spark_java_options is not None else {}))
     serve(config)
+    return 0
+
+
+class NodeRemoved(Exception):
+    """The node's id was removed from the cluster: it may not start again."""
+
+
+def refuse_if_removed(node_id: str, peer_addresses: list[str]) -> None:
+    """NodeRemoved when a reachable peer says `node_id` was removed (no peer answering: nothing to say)."""
+    try:
+        state = client.node_state(peer_addresses, node_id, timeout=3.0)["state"]
+    except grpc.RpcError:
+        return
+    if state == "removed":
+        raise NodeRemoved(f"node {node_id} was removed from the cluster; its id and data directory cannot be used "
+                          "again: start a new node with a new id and an empty data directory (--join HOST:PORT)")
+
+
+def cmd_node_leave(args: argparse.Namespace) -> int:
+    addresses = [a for a in target_addresses(args) if not args.cluster
+                 or a != client.node_address_from_cluster(args.cluster, args.node_id)]
+    started = client.decommission(addresses, args.node_id, dead=args.dead)
+    print(f"node {args.node_id}: {started['state']}, {started['replicas']} tablet replica(s) to move", file=sys.stderr)
+    if args.no_wait:
+        return 0
+    shown: set[int] = set()
+
+    def show(current: dict) -> None:
+        if current["replicas"] not in shown and current["state"] not in ("removed", "unknown"):
+            shown.add(current["replicas"])
+            print(f"node {args.node_id}: {current['replicas']} tablet replica(s) left", file=sys.stderr)
+
+    try:
+        client.wait_node_removed(addresses, args.node_id, args.timeout, on_progress=show)
+    except TimeoutError as exc:
+        print(f"error: {exc}; it goes on in the background (`vbc status` lists the migrations)", file=sys.stderr)
+        return 1
+    if args.cluster:
+        cluster_mod.forget_node(args.cluster, args.node_id)
+    print(f"node {args.node_id} removed from the cluster")
     return 0
 
 
@@ -519,6 +587,15 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 def cmd_cluster_stop_node(args: argparse.Namespace) -> int:
     outcome = cluster_mod.stop_node(args.data_dir, args.id, kill=args.kill, timeout=args.timeout)
     print(f"{args.id}: {outcome}")
+    return 0
+
+
+def cmd_cluster_add_node(args: argparse.Namespace) -> int:
+    try:
+        node = cluster_mod.add_node(args.data_dir, shards=args.shards, timeout=args.timeout)
+    except cluster_mod.ClusterStartError as exc:
+        return start_failure(exc)
+    print(f"{node['id']}: joined (pid {node['pid']}, grpc {node['grpc']}, raft {node['raft']})")
     return 0
 
 

@@ -471,6 +471,45 @@ def wait_tablet_count(addr_or_addrs, table: str, count: int, timeout: float, pol
         time.sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
 
 
+def join_cluster(addr_or_addrs, node_id: str, grpc_addr: str, raft_addr: str, shards: int,
+                 timeout: float = DEFAULT_TIMEOUT) -> dict[str, tuple[str, str]]:
+    """Admin.JoinCluster: admit this node into the Raft group; the members as {id: (grpc, raft)}."""
+    request = pb.JoinClusterRequest(node_id=node_id, grpc=grpc_addr, raft=raft_addr, shards=shards)
+    answer = call_any(addr_or_addrs, lambda addr: admin_stub(addr).JoinCluster(request, timeout=timeout),
+                      idempotent=True)
+    return {m.id: (m.grpc, m.raft) for m in answer.members}
+
+
+def node_state(addr_or_addrs, node_id: str, timeout: float = 10.0) -> dict:
+    """Admin.NodeState: {"node_id", "state" (normal, leaving, removing, removed, unknown), "replicas"}."""
+    answer = call_any(addr_or_addrs, lambda addr: admin_stub(addr).NodeState(pb.NodeInfoRequest(node_id=node_id),
+                                                                              timeout=timeout), idempotent=True)
+    return {"node_id": answer.node_id, "state": answer.state, "replicas": answer.replicas}
+
+
+def decommission(addr_or_addrs, node_id: str, dead: bool = False, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """Admin.Decommission: start taking `node_id` out (with `dead`, rebuilding its replicas from the others)."""
+    request = pb.DecommissionRequest(node_id=node_id, dead=dead)
+    answer = call_any(addr_or_addrs, lambda addr: admin_stub(addr).Decommission(request, timeout=timeout))
+    return {"node_id": answer.node_id, "state": answer.state, "replicas": answer.replicas}
+
+
+def wait_node_removed(addr_or_addrs, node_id: str, timeout: float, poll: float = 0.5,
+                      on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Wait until `node_id` is removed from the cluster; its last state. TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = node_state(addr_or_addrs, node_id)
+        if on_progress is not None:
+            on_progress(current)
+        if current["state"] in ("removed", "unknown"):
+            return current
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"node {node_id} is still {current['state']} with {current['replicas']} tablet "
+                               f"replica(s) after {timeout:g}s")
+        time.sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+
+
 def migration(addr_or_addrs, migration_id: str, timeout: float = 10.0) -> dict:
     """Admin.Migration: where migration `migration_id` is (see `migration_to_dict`)."""
     request = pb.MigrationRequest(migration_id=migration_id)

@@ -606,6 +606,63 @@ def start_node(data_dir: Path | str, node_id: str, timeout: float = START_TIMEOU
     return node["pid"]
 
 
+def add_node(data_dir: Path | str, shards: int | None = None, timeout: float = START_TIMEOUT,
+             die_with_parent: bool = False, spawn: SpawnFn | None = None) -> dict:
+    """Start one more node that joins the running cluster through its members (`vbc node start --join`); its
+    record (with the command that restarts it, joining again) is added to cluster.json. Returns the record."""
+    spawn = spawn or spawn_node
+    data_dir = Path(data_dir).resolve()
+    with locked(data_dir):
+        cluster = load_cluster(data_dir)
+        node = _next_node(data_dir, cluster)
+        template = cluster["nodes"][0]["command"]
+        launcher = template[:template.index("node")]
+        node["command"] = [*launcher, "node", "start", "--id", node["id"], "--data-dir", node["data_dir"],
+                           "--grpc", node["grpc"], "--raft", node["raft"],
+                           "--shards", str(shards or cluster.get("shards", 1)),
+                           "--join", ",".join(n["grpc"] for n in cluster["nodes"])]
+        if cluster.get("storage_url"):
+            node["command"] += ["--storage-url", cluster["storage_url"].replace(NODE_PLACEHOLDER, node["id"])]
+        node["command"] = with_spark_prestart(with_injections(node["command"], INJECTIONS_FLAG in template),
+                                              NO_SPARK_PRESTART_FLAG not in template)
+        node["pid"] = spawn(node, die_with_parent)
+        cluster["nodes"].append(node)
+        save_cluster(data_dir, cluster)
+    try:
+        wait_answering(node, timeout)
+    except BaseException:
+        stop_pids([node["pid"]], timeout=5.0)
+        update_pid(data_dir, node["id"], None)
+        raise
+    return node
+
+
+def _next_node(data_dir: Path, cluster: dict) -> dict:
+    """The record of the next node: the first unused id nK, two free ports, its data dir."""
+    used = {n["id"] for n in cluster["nodes"]} | set(cluster.get("removed_nodes", []))
+    index = next(i for i in range(1, len(used) + 2) if f"n{i}" not in used)
+    grpc_port, raft_port = allocate_ports(2)
+    node_dir = data_dir / f"n{index}"
+    return {"id": f"n{index}", "grpc": f"{HOST}:{grpc_port}", "raft": f"{HOST}:{raft_port}", "pid": None,
+            "data_dir": str(node_dir), "log": str(node_dir / LOG_NAME)}
+
+
+def forget_node(data_dir: Path | str, node_id: str) -> None:
+    """A node removed from the cluster: stop its process if it still runs, and take it out of cluster.json (its id
+    is kept in "removed_nodes", never given again)."""
+    with locked(data_dir):
+        cluster = load_cluster(data_dir)
+        node = next((n for n in cluster["nodes"] if n["id"] == node_id), None)
+        if node is None:
+            return
+        pid = running_pid(node)
+        if pid:
+            stop_pids([pid], timeout=STOP_TIMEOUT)
+        cluster["nodes"] = [n for n in cluster["nodes"] if n["id"] != node_id]
+        cluster["removed_nodes"] = sorted(set(cluster.get("removed_nodes", [])) | {node_id})
+        save_cluster(data_dir, cluster)
+
+
 def stop_on_signals() -> None:
     """Make SIGTERM and SIGINT (even if inherited as ignored) raise KeyboardInterrupt so `finally` blocks run
     (a foreground cluster or the demo then stops its nodes)."""

@@ -87,6 +87,58 @@ class ExecuteResponse(_message.Message):
     message: str
     def __init__(self, columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class JoinClusterRequest(_message.Message):
+    __slots__ = ("node_id", "grpc", "raft", "shards")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_FIELD_NUMBER: _ClassVar[int]
+    RAFT_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    grpc: str
+    raft: str
+    shards: int
+    def __init__(self, node_id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., shards: _Optional[int] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("id", "grpc", "raft")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_FIELD_NUMBER: _ClassVar[int]
+    RAFT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    grpc: str
+    raft: str
+    def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ...) -> None: ...
+
+class JoinClusterResponse(_message.Message):
+    __slots__ = ("members",)
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+
+class DecommissionRequest(_message.Message):
+    __slots__ = ("node_id", "dead")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEAD_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    dead: bool
+    def __init__(self, node_id: _Optional[str] = ..., dead: _Optional[bool] = ...) -> None: ...
+
+class NodeInfoRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "state", "replicas")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    state: str
+    replicas: int
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
+
 class ResizeTabletsRequest(_message.Message):
     __slots__ = ("table", "merge")
     TABLE_FIELD_NUMBER: _ClassVar[int]

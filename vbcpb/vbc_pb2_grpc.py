@@ -287,6 +287,21 @@ class AdminStub:
                 request_serializer=vbcpb_dot_vbc__pb2.ResizeTabletsRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.ResizeTabletsResponse.FromString,
                 _registered_method=True)
+        self.JoinCluster = channel.unary_unary(
+                '/vbc.v1.Admin/JoinCluster',
+                request_serializer=vbcpb_dot_vbc__pb2.JoinClusterRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.JoinClusterResponse.FromString,
+                _registered_method=True)
+        self.Decommission = channel.unary_unary(
+                '/vbc.v1.Admin/Decommission',
+                request_serializer=vbcpb_dot_vbc__pb2.DecommissionRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.NodeInfo.FromString,
+                _registered_method=True)
+        self.NodeState = channel.unary_unary(
+                '/vbc.v1.Admin/NodeState',
+                request_serializer=vbcpb_dot_vbc__pb2.NodeInfoRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.NodeInfo.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -342,6 +357,27 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinCluster(self, request, context):
+        """Admit a new node into the Raft group; it then starts with the members answered as its peers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Decommission(self, request, context):
+        """Take a node out: its replicas move away (with `dead`, rebuilt from the surviving replicas), then it is removed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NodeState(self, request, context):
+        """Where a node is: normal, leaving, removing, removed or unknown, and the tablet replicas it still holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -379,6 +415,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ResizeTablets,
                     request_deserializer=vbcpb_dot_vbc__pb2.ResizeTabletsRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.ResizeTabletsResponse.SerializeToString,
+            ),
+            'JoinCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinCluster,
+                    request_deserializer=vbcpb_dot_vbc__pb2.JoinClusterRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.JoinClusterResponse.SerializeToString,
+            ),
+            'Decommission': grpc.unary_unary_rpc_method_handler(
+                    servicer.Decommission,
+                    request_deserializer=vbcpb_dot_vbc__pb2.DecommissionRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.NodeInfo.SerializeToString,
+            ),
+            'NodeState': grpc.unary_unary_rpc_method_handler(
+                    servicer.NodeState,
+                    request_deserializer=vbcpb_dot_vbc__pb2.NodeInfoRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.NodeInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -572,6 +623,87 @@ class Admin:
             '/vbc.v1.Admin/ResizeTablets',
             vbcpb_dot_vbc__pb2.ResizeTabletsRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.ResizeTabletsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/JoinCluster',
+            vbcpb_dot_vbc__pb2.JoinClusterRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.JoinClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decommission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/Decommission',
+            vbcpb_dot_vbc__pb2.DecommissionRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NodeState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/NodeState',
+            vbcpb_dot_vbc__pb2.NodeInfoRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.NodeInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -218,6 +218,10 @@ class StartTabletMigration(Command):
     # "move"; "add": a new replica (pending) filled from leaving, which stays (an RF increase); "remove": the last
     # replica (leaving) goes and nothing replaces it (an RF decrease; pending names leaving again)
     kind: str = "move"
+    # the replica rows are streamed from when it is not the leaving one (a dead node's replica is rebuilt from a
+    # surviving replica); empty: the leaving replica
+    source_node: str = ""
+    source_shard: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,10 +269,31 @@ class MergeTablets(Command):
     id_seed: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class DecommissionNode(Command):
+    """Start taking a node out of the cluster: every tablet replica it holds moves to other nodes, streamed from it
+    (or, with `dead`, rebuilt from the surviving replicas of each tablet); then the driver removes it."""
+
+    op: ClassVar[str] = "decommission_node"
+    node_id: str
+    dead: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoveNode(Command):
+    """Remove a decommissioned node that holds no tablet replica any more; proposed by the driver with its term
+    once the node left the Raft configuration. Its id cannot join again."""
+
+    op: ClassVar[str] = "remove_node"
+    term: int
+    node_id: str
+
+
 COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, AlterTable, CreateView,
                                        CreateIndex, DropView, DropTable, DropKeyspace, Noop,
                                        FinishViewBuildingTasks, SetProcessingBase, StartTabletMigration,
-                                       AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets)
+                                       AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets,
+                                       DecommissionNode, RemoveNode)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}
 
 
@@ -385,7 +410,8 @@ class _Field(NamedTuple):
 _REQUIRED = object()
 # Fields added to a version 2 command after entries without them were journaled: absent means the value of
 # the field's JOURNAL_ABSENT metadata, else its default.
-ADDED_WITH_DEFAULT = frozenset({"rows_scanned", "refuse_with_tables", "kind", "move_data"})
+ADDED_WITH_DEFAULT = frozenset({"rows_scanned", "refuse_with_tables", "kind", "move_data", "source_node",
+                                "source_shard"})
 _ENVELOPE = ("op", "v")
 
 

@@ -29,7 +29,7 @@ from .commands import AdvanceTabletMigration, StartTabletMigration
 from .errors import FailedPrecondition, InvalidArgument, NotFound, StaleTerm
 from .ids import check_id, derived_id
 from .placement import choose_replicas, replica_loads
-from .schema import Replica, TabletMap
+from .schema import NODE_NORMAL, NODE_REMOVING, Replica, TabletMap
 
 if TYPE_CHECKING:
     from .state import Group0State
@@ -76,6 +76,11 @@ class TabletTransition:
     stage: str
     reason: str = ""  # why it rolls back, once it does
     kind: str = MOVE
+    source: Replica | None = None  # where rows are streamed from, when not the leaving replica (a dead node's)
+
+    @property
+    def stream_source(self) -> Replica:
+        return self.source if self.source is not None else self.leaving
 
     @property
     def moves_data(self) -> bool:
@@ -184,9 +189,10 @@ def start_migration(state: Group0State, cmd: StartTabletMigration) -> str:
     if cmd.migration_id in state.migration_results:
         raise FailedPrecondition(f"migration {cmd.migration_id} already ran")
     first_stage = USE_NEW if cmd.kind == REMOVE else ALLOW_WRITE_BOTH_READ_OLD
+    source = Replica(cmd.source_node, cmd.source_shard) if cmd.source_node else None
     state.transitions[(cmd.table_id, cmd.tablet_id)] = TabletTransition(
         cmd.migration_id, cmd.table_id, cmd.tablet_id, leaving, leaving if cmd.kind == REMOVE else pending,
-        first_stage, kind=cmd.kind)
+        first_stage, kind=cmd.kind, source=source)
     if cmd.kind != ADD:
         view_building.abort_replica_tasks(state, cmd.table_id, cmd.tablet_id, leaving)
     state.schema_version += 1
@@ -207,6 +213,10 @@ def _check_move(state: Group0State, cmd: StartTabletMigration, leaving: Replica,
         raise InvalidArgument(f"{leaving} is not a replica of tablet {cmd.tablet_id} of {table.qualified_name} "
                               f"(its replicas: {', '.join(map(str, replicas))})")
     _check_not_busy(state, table.qualified_name, cmd)
+    if cmd.source_node and (Replica(cmd.source_node, cmd.source_shard) not in replicas
+                            or cmd.source_node == leaving.node):
+        raise InvalidArgument(f"the rows of tablet {cmd.tablet_id} can be streamed only from another of its replicas "
+                              f"({', '.join(map(str, replicas))}), not {cmd.source_node}:{cmd.source_shard}")
     if cmd.kind == REMOVE:
         if len(replicas) < 2 or replicas[-1] != leaving:
             raise InvalidArgument(f"only the last of several replicas can be removed, not {leaving} of "
@@ -217,6 +227,8 @@ def _check_move(state: Group0State, cmd: StartTabletMigration, leaving: Replica,
         raise InvalidArgument(f"unknown node {pending.node!r} (nodes: {', '.join(sorted(state.nodes))})")
     if not 0 <= pending.shard < node.shards:
         raise InvalidArgument(f"node {pending.node} has shards 0..{node.shards - 1}, not {pending.shard}")
+    if node.state != NODE_NORMAL:
+        raise InvalidArgument(f"node {pending.node} is {node.state}: move tablets to a node that stays")
     others = replicas if cmd.kind == ADD else [r for r in replicas if r != leaving]
     if pending == leaving or any(r.node == pending.node for r in others):
         raise InvalidArgument(f"{pending.node} already holds tablet {cmd.tablet_id} of {table.qualified_name}; "
@@ -403,6 +415,7 @@ class PlannedMove:
     kind: str
     leaving: Replica
     pending: Replica
+    source: Replica | None = None
 
 
 def replication_moves(state: Group0State, limit: int) -> list[PlannedMove]:
@@ -424,3 +437,52 @@ def replication_moves(state: Group0State, limit: int) -> list[PlannedMove]:
             if chosen:
                 planned.append(PlannedMove(table.id, tablet, ADD, replicas[0], chosen[0]))
     return planned
+
+
+# ------------------------------------------------------------------ nodes leaving
+
+
+def drain_moves(state: Group0State, limit: int) -> list[PlannedMove]:
+    """Up to `limit` moves of replicas off leaving or removing nodes (one per tablet at a time), each to the least
+    loaded normal node not holding the tablet; a removing (dead) node's rows come from another replica."""
+    per_node, per_shard = replica_loads(state.tablets.values())
+    leaving_nodes = {n.id for n in state.nodes.values() if n.state != NODE_NORMAL}
+    planned: list[PlannedMove] = []
+    for table_id in sorted(state.tablets):
+        for tablet, replicas in enumerate(state.tablets[table_id].replicas):
+            if len(planned) >= limit:
+                return planned
+            going = [r for r in replicas if r.node in leaving_nodes]
+            if not going or (table_id, tablet) in state.transitions:
+                continue
+            chosen = choose_replicas(state.nodes, 1, frozenset(r.node for r in replicas), per_node, per_shard)
+            if not chosen:
+                continue
+            source = None
+            if state.nodes[going[0].node].state == NODE_REMOVING:
+                survivors = [r for r in replicas if r.node not in leaving_nodes]
+                if not survivors:
+                    continue  # no replica left to rebuild it from (see `stranded_tablets`)
+                source = survivors[0]
+            planned.append(PlannedMove(table_id, tablet, MOVE, going[0], chosen[0], source))
+    return planned
+
+
+def stranded_tablets(state: Group0State, node_id: str) -> list[tuple[str, int]]:
+    """(table id, tablet) of the tablets whose only replicas are on `node_id` or other departing nodes."""
+    departing = {n.id for n in state.nodes.values() if n.state != NODE_NORMAL} | {node_id}
+    return [(table_id, tablet) for table_id, tablet_map in sorted(state.tablets.items())
+            for tablet, replicas in enumerate(tablet_map.replicas)
+            if any(r.node == node_id for r in replicas) and all(r.node in departing for r in replicas)]
+
+
+def removable_nodes(state: Group0State) -> list[str]:
+    """Departing nodes that hold no replica and take part in no migration: ready to leave the Raft group."""
+    busy = {r.node for m in state.tablets.values() for rs in m.replicas for r in rs}
+    busy |= {n for t in state.transitions.values() for n in (t.leaving.node, t.pending.node)}
+    return sorted(n.id for n in state.nodes.values() if n.state != NODE_NORMAL and n.id not in busy)
+
+
+def barrier_nodes(state: Group0State) -> list[str]:
+    """The nodes a migration barrier asks: every node but the dead ones being removed."""
+    return sorted(n.id for n in state.nodes.values() if n.state != NODE_REMOVING)

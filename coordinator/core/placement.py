@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from .schema import Node, Replica, TabletMap
+from .schema import NODE_NORMAL, Node, Replica, TabletMap
 
 
 def replica_loads(tablet_maps: Iterable[TabletMap]) -> tuple[Counter, Counter]:
@@ -25,7 +25,8 @@ def choose_replicas(nodes: Mapping[str, Node], rf: int, exclude: frozenset[str],
 
     Updates the load counters so that consecutive calls spread replicas evenly.
     """
-    candidates = sorted((n for n in nodes.values() if n.id not in exclude), key=lambda n: (per_node[n.id], n.id))
+    candidates = sorted((n for n in nodes.values() if n.id not in exclude and n.state == NODE_NORMAL),
+                        key=lambda n: (per_node[n.id], n.id))
     chosen = []
     for node in candidates[:rf]:
         shard = min(range(node.shards), key=lambda s: (per_shard[Replica(node.id, s)], s))

@@ -7,6 +7,8 @@ from functools import cached_property
 from .errors import CoreError, error_from_code
 
 NODE_NORMAL = "normal"
+NODE_LEAVING = "leaving"  # decommissioned: its replicas move away (streamed from it), then it is removed
+NODE_REMOVING = "removing"  # gone for good: its replicas are rebuilt elsewhere from the surviving ones
 TASK_BUILD_RANGE = "build_range"
 TASK_PROCESS_STAGING = "process_staging"
 BUILD_STARTED = "STARTED"

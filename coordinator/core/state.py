@@ -28,9 +28,11 @@ from .commands import (
     DropTable,
     DropView,
     FinishViewBuildingTasks,
+    DecommissionNode,
     MergeTablets,
     Noop,
     RegisterNode,
+    RemoveNode,
     RequestTabletMerge,
     SetProcessingBase,
     SplitTablets,
@@ -54,6 +56,7 @@ class Group0State:
     def __init__(self) -> None:
         # owned by tablets.py
         self.nodes: dict[str, Node] = {}
+        self.removed_nodes: set[str] = set()  # ids of nodes removed from the cluster: they cannot come back
         self.tablets: dict[str, TabletMap] = {}
         # owned by ddl.py
         self.keyspaces: dict[str, Keyspace] = {}
@@ -150,6 +153,12 @@ def _noop(state: Group0State, cmd: Noop) -> None:
     return None
 
 
+def _remove_node(state: Group0State, cmd: RemoveNode) -> None:
+    migrations.check_term(state, cmd.term)
+    tablets.remove_node(state, cmd)
+    migrations.record_term(state, cmd.term)
+
+
 _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     RegisterNode: tablets.register_node,
     CreateKeyspace: ddl.create_keyspace,
@@ -169,4 +178,6 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     SplitTablets: resize.split_tablets,
     RequestTabletMerge: resize.request_merge,
     MergeTablets: resize.merge_tablets,
+    DecommissionNode: tablets.decommission_node,
+    RemoveNode: _remove_node,
 }

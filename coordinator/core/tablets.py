@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from .commands import RegisterNode
+from .commands import DecommissionNode, RegisterNode, RemoveNode
 from .errors import FailedPrecondition, InvalidArgument
 from .ids import check_name
 from .placement import choose_replicas, place_tablet_map, replica_loads
-from .schema import Keyspace, Node, Replica, TabletMap
+from .schema import NODE_LEAVING, NODE_NORMAL, NODE_REMOVING, Keyspace, Node, Replica, TabletMap
 from .tokens import is_power_of_two
 
 if TYPE_CHECKING:
@@ -26,7 +26,11 @@ AddedReplicas = dict[int, list[Replica]]
 def register_node(state: Group0State, cmd: RegisterNode) -> None:
     if not 1 <= cmd.shards <= MAX_SHARDS:
         raise InvalidArgument(f"shard count must be between 1 and {MAX_SHARDS}, got {cmd.shards!r}")
-    node = Node(check_name("node", cmd.node_id), cmd.grpc, cmd.raft, cmd.shards)
+    if cmd.node_id in state.removed_nodes:
+        raise FailedPrecondition(removed_message(cmd.node_id))
+    known = state.nodes.get(cmd.node_id)
+    node = Node(check_name("node", cmd.node_id), cmd.grpc, cmd.raft, cmd.shards,
+                known.state if known is not None else NODE_NORMAL)
     used = [r.shard for m in state.tablets.values() for rs in m.replicas for r in rs if r.node == node.id]
     if used and max(used) >= node.shards:
         raise FailedPrecondition(
@@ -35,15 +39,61 @@ def register_node(state: Group0State, cmd: RegisterNode) -> None:
     state.nodes[node.id] = node
 
 
+def removed_message(node_id: str) -> str:
+    return (f"node {node_id} was removed from the cluster; its id and data directory cannot be used again: start "
+            "a new node with a new id and an empty data directory (vbc node start ... --join HOST:PORT)")
+
+
+def normal_nodes(state: Group0State) -> list[Node]:
+    return [n for n in state.nodes.values() if n.state == NODE_NORMAL]
+
+
 def check_rf(state: Group0State, rf: int) -> int:
     if rf < 1:
         raise InvalidArgument(f"replication factor must be a positive integer, got {rf!r}")
-    if rf > len(state.nodes):
+    count = len(normal_nodes(state))
+    if rf > count:
         raise InvalidArgument(
-            f"replication factor {rf} exceeds the number of nodes in the cluster ({len(state.nodes)}); "
-            f"add nodes or use rf <= {len(state.nodes)}"
+            f"replication factor {rf} exceeds the number of nodes in the cluster ({count}); "
+            f"add nodes or use rf <= {count}"
         )
     return rf
+
+
+def decommission_node(state: Group0State, cmd: DecommissionNode) -> str:
+    """Mark a node leaving (or removing, when dead): the driver moves its replicas away, then removes it."""
+    node = state.nodes.get(cmd.node_id)
+    if node is None:
+        raise (FailedPrecondition(removed_message(cmd.node_id)) if cmd.node_id in state.removed_nodes else
+               InvalidArgument(f"unknown node {cmd.node_id!r} (nodes: {', '.join(sorted(state.nodes))})"))
+    remaining = [n for n in normal_nodes(state) if n.id != node.id]
+    if not remaining:
+        raise FailedPrecondition(f"node {node.id} is the last node of the cluster: it cannot leave")
+    needed = max((k.rf for k in state.keyspaces.values()), default=1)
+    if len(remaining) < needed:
+        keyspace = max(state.keyspaces.values(), key=lambda k: k.rf)
+        raise FailedPrecondition(f"without node {node.id}, {len(remaining)} node(s) would be left for keyspace "
+                                 f"{keyspace.name!r} with rf {keyspace.rf}: add a node or lower its RF first")
+    state.nodes[node.id] = Node(node.id, node.grpc, node.raft, node.shards,
+                                NODE_REMOVING if cmd.dead else NODE_LEAVING)
+    state.schema_version += 1
+    return state.nodes[node.id].state
+
+
+def remove_node(state: Group0State, cmd: RemoveNode) -> None:
+    """Forget a decommissioned node that holds no replica and takes part in no migration."""
+    node = state.nodes.get(cmd.node_id)
+    if node is None or node.state == NODE_NORMAL:
+        raise FailedPrecondition(f"node {cmd.node_id} is not being decommissioned")
+    held = sum(1 for m in state.tablets.values() for rs in m.replicas for r in rs if r.node == node.id)
+    moving = [t for t in state.transitions.values() if node.id in (t.leaving.node, t.pending.node)]
+    if held or moving:
+        raise FailedPrecondition(f"node {node.id} still holds {held} tablet replica(s) ({len(moving)} moving)")
+    del state.nodes[node.id]
+    state.removed_nodes.add(node.id)
+    for key in [k for k in state.build_status if k[1] == node.id]:
+        del state.build_status[key]
+    state.schema_version += 1
 
 
 def check_tablet_count(count: int) -> int:
