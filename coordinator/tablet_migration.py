@@ -68,8 +68,12 @@ class MigrationDriver:
     """Drives group0's tablet migrations while this node leads; `start()`, `stop()`, `wake()`."""
 
     def __init__(self, *, group0: Group0Client, leadership: Callable[[], tuple[bool, int]], calls: MigrationCalls,
-                 injections: Injections | None = None, max_parallel: int = 4, metrics=None):
+                 injections: Injections | None = None, max_parallel: int = 4, metrics=None, node_id: str = "",
+                 leave: Callable[[], None] = lambda: None):
         self._group0, self._leadership, self._calls = group0, leadership, calls
+        # a Raft leader cannot take itself out of the group: a drained leader calls `leave` (the node stops), and
+        # the next leader removes it
+        self._node_id, self._leave = node_id, leave
         self._injections = injections if injections is not None else Injections()
         self._max_parallel, self._metrics = max_parallel, metrics
         self._cond = threading.Condition()
@@ -159,6 +163,11 @@ class MigrationDriver:
     def _remove_drained_nodes(self, term: int) -> None:
         """Take the departing nodes that hold nothing any more out of the Raft group, then out of group0."""
         for node_id in self._group0.read(core.removable_nodes):
+            if node_id == self._node_id:
+                log.warning("this node (%s) is decommissioned and holds no replica: it stops, so that the next "
+                            "leader takes it out of the Raft group", node_id)
+                self._leave()
+                return
             raft_addr = self._group0.read(lambda s: s.nodes[node_id].raft if node_id in s.nodes else None)
             if raft_addr is None:
                 continue

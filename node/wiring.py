@@ -153,7 +153,8 @@ class Node:
         self.migrations = MigrationDriver(group0=self.group0, leadership=self.group0.leadership, calls=MigrationCalls(
             barrier=transport.write_barrier,
             stream=lambda *args: transport.stream_tablet(*args),
-            cleanup=lambda *args: transport.cleanup_tablet(*args)), injections=self.injections, metrics=self.metrics)
+            cleanup=lambda *args: transport.cleanup_tablet(*args)), injections=self.injections, metrics=self.metrics,
+            node_id=self.node_id, leave=lambda: os.kill(os.getpid(), signal.SIGTERM))
         self._last_prune = 0.0
         self._health = HealthService()
         self._internode_calls = OpenCalls(INTERNODE_OPEN_CALLS)

@@ -157,7 +157,9 @@ class LocalCluster:
         return running + [n["grpc"] for n in nodes if n["grpc"] not in running]
 
     def is_running(self, node_id: str) -> bool:
-        return cluster_mod.pid_alive(self.node(node_id)["pid"])
+        """Whether the node runs (False for a node no longer in cluster.json: removed from the cluster)."""
+        node = next((n for n in self.nodes if n["id"] == node_id), None)
+        return node is not None and cluster_mod.pid_alive(node["pid"])
 
     def stop_node(self, node_id: str, kill: bool = False, timeout: float = cluster_mod.STOP_TIMEOUT) -> str:
         """SIGTERM (SIGKILL with kill) a node and wait for its exit; returns 'stopped' | 'killed' | 'not running'."""
