@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from common.injection import InjectedFailure, Injections
 from coordinator.core import migrations as core
-from coordinator.core import resize
+from coordinator.core import balancer, resize
 from coordinator.core.commands import AdvanceTabletMigration, Command, MergeTablets, RemoveNode, StartTabletMigration
 from coordinator.core.schema import NODE_REMOVING
 from coordinator.core.errors import CoreError
@@ -130,6 +130,8 @@ class MigrationDriver:
         self._start_planned(self._group0.read(lambda s: core.drain_moves(s, max(self._max_parallel * 2
                                                                                  - len(s.transitions), 0))))
         self._remove_drained_nodes(term)
+        self._start_planned(self._group0.read(
+            lambda s: [] if s.merge_requests else balancer.balance_moves(s, self._max_parallel)))
         transitions = self._group0.read(lambda s: sorted(s.transitions.values(), key=lambda t: t.migration_id))
         now = time.monotonic()
         with self._cond:

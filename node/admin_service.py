@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from common.injection import Injections
 from common.progress import BuildRates
 from common.status import unary
-from coordinator.core.commands import DecommissionNode, RequestTabletMerge, SplitTablets, StartTabletMigration
+from coordinator.core import balancer
+from coordinator.core.commands import (
+    DecommissionNode,
+    RequestTabletMerge,
+    SetBalancer,
+    SplitTablets,
+    StartTabletMigration,
+)
 from coordinator.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from coordinator.core.migrations import resolve_move, stranded_tablets, transitions_of_table
 from coordinator.core.tablets import removed_message
@@ -162,6 +169,21 @@ class AdminService(rpc.AdminServicer):
     def NodeState(self, request, context):
         self._deps.catch_up()
         return self._deps.read_state(lambda s: node_info(s, request.node_id))
+
+    @unary
+    def Balancer(self, request, context):
+        if request.action not in ("on", "off", "status"):
+            raise InvalidArgument(f"balancer action must be on, off or status, not {request.action!r}")
+        if request.action != "status":
+            self._deps.require_ready()
+            outcome = self._deps.propose(SetBalancer(cmd_id=uuid.uuid4().hex, enabled=request.action == "on"))
+            if not outcome.ok:
+                raise outcome.error
+        else:
+            self._deps.catch_up()
+        return self._deps.read_state(lambda s: pb.BalancerStatus(
+            enabled=s.balancer_enabled, migrations=len(s.transitions),
+            loads=[pb.NodeLoad(node=n, replicas=c) for n, c in balancer.imbalance(s).items()]))
 
     @unary
     def Migration(self, request, context):

@@ -93,3 +93,27 @@ def test_leaving_is_refused_when_the_rest_could_not_hold_the_replicas(cluster):
     assert left.returncode == 1 and "FAILED_PRECONDITION" in left.stderr and "rf 3" in left.stderr, left.stderr
     unknown = vbc("node", "decommission", "--cluster", str(cluster.data_dir), "n9", "--no-wait", timeout=60)
     assert unknown.returncode == 1 and "unknown node 'n9'" in unknown.stderr, unknown.stderr
+
+
+def test_the_balancer_spreads_64_tablets_over_two_new_nodes_during_a_build(cluster):
+    ks = "mem3"
+    run(cluster, f"CREATE KEYSPACE {ks} WITH replication = {{'rf': 1}} AND tablets = {{'initial': 64}}")
+    run(cluster, f"CREATE TABLE {ks}.tab (key int, c int, v text, PRIMARY KEY (key, c))")
+    insert_rows(cluster, ks, range(3000))
+    expected = {(i // 10, i % 10): str(i) for i in range(3000)}
+    assert client.balancer(cluster.addresses())["enabled"]
+    create_view(cluster, ks)
+    cluster.add_node()
+    cluster.add_node()
+
+    def even() -> dict | None:
+        status = client.balancer(cluster.addresses())
+        loads = status["loads"]
+        spread = max(loads.values()) - min(loads.values())
+        return status if len(loads) == 5 and spread <= 1 and status["migrations"] == 0 else None
+
+    balanced = wait_until(even, LEAVE_TIMEOUT, "the balancer to spread the replicas over 5 nodes within one")
+    assert sum(balanced["loads"].values()) == 128, balanced
+    assert_correct(cluster, ks)
+    assert not any(True for _ in client.tablets(cluster.addresses(), f"{ks}.tab") if _.get("stage"))
+    assert_every_node_scans(cluster, ks, expected)

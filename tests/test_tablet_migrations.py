@@ -510,3 +510,69 @@ def test_a_replica_being_removed_takes_no_writes_nor_reads_and_is_cleaned_up():
                                              leaving_shard=replicas[0].shard, pending_node=replicas[0].node,
                                              pending_shard=replicas[0].shard, kind="remove"))
     assert wrong.error_code == "FAILED_PRECONDITION"  # busy
+
+
+# ------------------------------------------------------------------ the balancer
+
+from coordinator.core import balancer  # noqa: E402
+from coordinator.core.commands import RegisterNode, SetBalancer  # noqa: E402
+
+
+def balance(state: Group0State) -> int:
+    """Run the balancer's moves to their end until it has none; how many ran."""
+    ran = 0
+    while planned := balancer.balance_moves(state, limit=4):
+        for move in planned:
+            assert start(state, move.table_id, move.tablet_id, move.leaving, move.pending).ok, move
+            ran += 1
+        for move in planned:
+            run_to(state, move.table_id, move.tablet_id, "end_migration")
+        assert ran < 1000, "the balancer does not converge"
+    return ran
+
+
+def counts(state: Group0State) -> list[int]:
+    return sorted(balancer.imbalance(state).values())
+
+
+def test_the_balancer_spreads_replicas_over_new_nodes_within_one():
+    state = cluster(nodes=3, shards=2)
+    make_table(state, rf=1, tablets=64)
+    make_view(state)
+    for node in ("n4", "n5"):
+        assert state.apply(RegisterNode(cmd_id=None, node_id=node, grpc="g", raft="r", shards=2)).ok
+    assert counts(state)[0] == 0
+    assert balance(state) > 0
+    assert counts(state)[-1] - counts(state)[0] <= 1
+    assert sum(counts(state)) == 128 and not any(t.aborted for t in state.tasks.values())
+    _, per_shard = m.replica_loads(state.tablets.values())
+    for node in state.nodes:
+        assert abs(per_shard[Replica(node, 0)] - per_shard[Replica(node, 1)]) <= 1
+
+
+def test_the_balancer_does_nothing_when_off_or_while_tablets_move():
+    state = cluster(nodes=2, shards=1)
+    table_id = make_table(state, rf=1, tablets=4)
+    assert state.apply(RegisterNode(cmd_id=None, node_id="n3", grpc="g", raft="r", shards=1)).ok
+    assert state.apply(SetBalancer(cmd_id=None, enabled=False)).ok
+    assert balancer.balance_moves(state, 4) == []
+    assert state.apply(SetBalancer(cmd_id=None, enabled=True)).ok
+    assert balancer.balance_moves(state, 4)
+    leaving = state.tablets[table_id].replicas[0][0]
+    assert start(state, table_id, 0, leaving, Replica("n3", 0)).ok
+    assert balancer.balance_moves(state, 4) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 3), st.integers(1, 3), st.integers(0, 3))
+def test_any_cluster_the_balancer_converges_to_even(nodes, rf, shards, added):
+    if rf > nodes:
+        return
+    state = cluster(nodes=nodes, shards=shards)
+    make_table(state, rf=rf, tablets=16)
+    for index in range(added):
+        assert state.apply(RegisterNode(cmd_id=None, node_id=f"m{index}", grpc="g", raft="r", shards=shards)).ok
+    balance(state)
+    assert counts(state)[-1] - counts(state)[0] <= 1
+    for replicas in state.tablets[next(iter(state.tablets))].replicas:
+        assert len({r.node for r in replicas}) == rf

@@ -276,6 +276,12 @@ def add_client_parsers(commands) -> None:
                             help="give up waiting after S seconds (exit status 1; default 3600)")
         resize.set_defaults(handler=cmd_tablet_resize, parser=resize, merge=action == "merge")
 
+    balance = commands.add_parser("balancer", parents=[target],
+                                  help="the tablet load balancer: spreads replicas evenly over nodes and shards")
+    balance.add_argument("action", choices=("on", "off", "status"), nargs="?", default="status")
+    balance.add_argument("--json", action="store_true")
+    balance.set_defaults(handler=cmd_balancer, parser=balance)
+
     demo = commands.add_parser("demo", help="a 3-node cluster builds a view and an index online, through a leader "
                                             "kill -9 (what `make demo` runs; `vbc demo --help`)", add_help=False)
     demo.set_defaults(handler=demo_elsewhere, parser=demo)
@@ -799,6 +805,17 @@ def cmd_tablet_move(args: argparse.Namespace) -> int:
         print(f"error: migration {migration_id} {result['state']}: {result['reason'] or 'no reason recorded'}; "
               f"tablet {args.tablet} stays on {args.from_replica}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_balancer(args: argparse.Namespace) -> int:
+    result = client.balancer(target_addresses(args), args.action)
+    if args.json:
+        print(json_line(result))
+        return 0
+    loads = ", ".join(f"{node} {count}" for node, count in result["loads"].items())
+    print(f"balancer {'on' if result['enabled'] else 'off'}; tablet replicas per node: {loads}; "
+          f"{result['migrations']} migration(s) in progress")
     return 0
 
 

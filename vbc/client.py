@@ -510,6 +510,16 @@ def wait_node_removed(addr_or_addrs, node_id: str, timeout: float, poll: float =
         time.sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
 
 
+def balancer(addr_or_addrs, action: str = "status", timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """Admin.Balancer: switch the tablet load balancer "on" or "off", or its "status":
+    {"enabled", "migrations", "loads": {node: tablet replicas}}."""
+    request = pb.BalancerRequest(action=action)
+    answer = call_any(addr_or_addrs, lambda addr: admin_stub(addr).Balancer(request, timeout=timeout),
+                      idempotent=action == "status")
+    return {"enabled": answer.enabled, "migrations": answer.migrations,
+            "loads": {load.node: load.replicas for load in answer.loads}}
+
+
 def migration(addr_or_addrs, migration_id: str, timeout: float = 10.0) -> dict:
     """Admin.Migration: where migration `migration_id` is (see `migration_to_dict`)."""
     request = pb.MigrationRequest(migration_id=migration_id)

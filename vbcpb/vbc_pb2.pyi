@@ -87,6 +87,30 @@ class ExecuteResponse(_message.Message):
     message: str
     def __init__(self, columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class BalancerRequest(_message.Message):
+    __slots__ = ("action",)
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    def __init__(self, action: _Optional[str] = ...) -> None: ...
+
+class NodeLoad(_message.Message):
+    __slots__ = ("node", "replicas")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    replicas: int
+    def __init__(self, node: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class BalancerStatus(_message.Message):
+    __slots__ = ("enabled", "loads", "migrations")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    loads: _containers.RepeatedCompositeFieldContainer[NodeLoad]
+    migrations: int
+    def __init__(self, enabled: _Optional[bool] = ..., loads: _Optional[_Iterable[_Union[NodeLoad, _Mapping]]] = ..., migrations: _Optional[int] = ...) -> None: ...
+
 class JoinClusterRequest(_message.Message):
     __slots__ = ("node_id", "grpc", "raft", "shards")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -302,6 +302,11 @@ class AdminStub:
                 request_serializer=vbcpb_dot_vbc__pb2.NodeInfoRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.NodeInfo.FromString,
                 _registered_method=True)
+        self.Balancer = channel.unary_unary(
+                '/vbc.v1.Admin/Balancer',
+                request_serializer=vbcpb_dot_vbc__pb2.BalancerRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.BalancerStatus.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -378,6 +383,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Balancer(self, request, context):
+        """Switch the tablet load balancer on or off, or ask how it stands (action "on", "off" or "status").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -430,6 +442,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.NodeState,
                     request_deserializer=vbcpb_dot_vbc__pb2.NodeInfoRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.NodeInfo.SerializeToString,
+            ),
+            'Balancer': grpc.unary_unary_rpc_method_handler(
+                    servicer.Balancer,
+                    request_deserializer=vbcpb_dot_vbc__pb2.BalancerRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.BalancerStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -704,6 +721,33 @@ class Admin:
             '/vbc.v1.Admin/NodeState',
             vbcpb_dot_vbc__pb2.NodeInfoRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Balancer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/Balancer',
+            vbcpb_dot_vbc__pb2.BalancerRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.BalancerStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -289,11 +289,19 @@ class RemoveNode(Command):
     node_id: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class SetBalancer(Command):
+    """Switch the leader's tablet load balancer on or off (`vbc balancer on|off`)."""
+
+    op: ClassVar[str] = "set_balancer"
+    enabled: bool
+
+
 COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, AlterTable, CreateView,
                                        CreateIndex, DropView, DropTable, DropKeyspace, Noop,
                                        FinishViewBuildingTasks, SetProcessingBase, StartTabletMigration,
                                        AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets,
-                                       DecommissionNode, RemoveNode)
+                                       DecommissionNode, RemoveNode, SetBalancer)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}
 
 

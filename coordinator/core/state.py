@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from . import ddl, migrations, resize, tablets, view_building
+from . import balancer, ddl, migrations, resize, tablets, view_building
 from .commands import (
     AlterKeyspace,
     AdvanceTabletMigration,
@@ -34,6 +34,7 @@ from .commands import (
     RegisterNode,
     RemoveNode,
     RequestTabletMerge,
+    SetBalancer,
     SetProcessingBase,
     SplitTablets,
     StartTabletMigration,
@@ -57,6 +58,7 @@ class Group0State:
         # owned by tablets.py
         self.nodes: dict[str, Node] = {}
         self.removed_nodes: set[str] = set()  # ids of nodes removed from the cluster: they cannot come back
+        self.balancer_enabled = True  # the leader spreads tablet replicas evenly (balancer.py)
         self.tablets: dict[str, TabletMap] = {}
         # owned by ddl.py
         self.keyspaces: dict[str, Keyspace] = {}
@@ -180,4 +182,5 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     MergeTablets: resize.merge_tablets,
     DecommissionNode: tablets.decommission_node,
     RemoveNode: _remove_node,
+    SetBalancer: balancer.set_balancer,
 }
