@@ -22,6 +22,7 @@ schedule must build every view. Checked at every step:
 - `LeaderLoop.validate()` after every event it handles;
 - tablets move meanwhile (`coordinator.core.migrations`): migrations start, the leader's driver (the real `next_step`
   and `AdvanceTabletMigration`) advances them, streams fail and roll back, stale drivers' commands are refused;
+  tables split, and merge after the driver's co-locating moves (`coordinator.core.resize`);
   when a view is BUILT, every replica of every tablet of its base had a finished task of the view, or was streamed
   from a replica that had one before its migration started.
 """
@@ -44,7 +45,10 @@ from coordinator.core.commands import (
     DropView,
     AdvanceTabletMigration,
     FinishViewBuildingTasks,
+    MergeTablets,
     RegisterNode,
+    RequestTabletMerge,
+    SplitTablets,
     StartTabletMigration,
     WhereTerm,
 )
@@ -63,7 +67,7 @@ from coordinator.core.leader_loop import (
     SendBatch,
     Tick,
 )
-from coordinator.core import migrations
+from coordinator.core import migrations, resize
 from coordinator.core.planner import Backoff
 from coordinator.core.schema import BUILD_SUCCESS
 from coordinator.core.state import Group0State
@@ -190,6 +194,13 @@ class Simulation:
             rows = dict(zip(command.task_ids, command.rows_scanned or (0,) * len(command.task_ids)))
             assert all(rows[i] == self.recorded[i] for i in removed), "a task removed with another batch's rows"
             self.covered |= {(t.view_id, t.base_id, t.tablet_id, t.replica) for t in map(before_tasks.get, removed)}
+        if isinstance(command, SplitTablets) and outcome.ok:
+            self.covered = {(v, b, t * 2 + half if b == command.table_id else t, r)
+                            for v, b, t, r in self.covered for half in (0, 1)}
+        if isinstance(command, MergeTablets) and outcome.ok:
+            halves = {(v, b, t, r) for v, b, t, r in self.covered if b == command.table_id}
+            self.covered = {c for c in self.covered if c[1] != command.table_id} | {
+                (v, b, t // 2, r) for v, b, t, r in halves if (v, b, t ^ 1, r) in halves}
         if isinstance(command, AdvanceTabletMigration) and outcome.ok and command.to_stage == migrations.END_MIGRATION:
             moved = before_moves[(command.table_id, command.tablet_id)]
             self.covered |= {(view, base, tablet, moved.pending) for view, base, tablet, replica in self.covered
@@ -226,11 +237,43 @@ class Simulation:
     # ------------------------------------------------------------- tablet migrations
 
     def migration_step(self) -> None:
-        if self.rng.random() < 0.3 or not self.truth.transitions:
+        roll = self.rng.random()
+        if roll < 0.08:
+            self.split_or_merge()
+        elif self.truth.merge_requests and roll < 0.3:
+            self.prepare_merge(self.rng.choice(sorted(self.truth.merge_requests)))
+        elif roll < 0.4 or not self.truth.transitions:
             self.start_migration()
         else:
             moving = sorted(self.truth.transitions.values(), key=lambda t: t.migration_id)
             self.drive_migration(self.rng.choice(moving), faults=True)
+
+    def split_or_merge(self) -> None:
+        base = self.rng.choice((f"{1:032x}", f"{2:032x}"))
+        count = self.truth.tablets[base].tablet_count
+        if self.rng.random() < 0.5 and count < 8:
+            outcome = self.append(SplitTablets(table_id=base, id_seed=f"{self.rng.getrandbits(128):032x}",
+                                               cmd_id=None))
+            self.stats["splits" if outcome is None else "splits refused"] += 1
+        elif count > 1:
+            self.append(RequestTabletMerge(table_id=base, cmd_id=None))
+
+    def prepare_merge(self, table_id: str) -> None:
+        """The driver's part of a merge: the co-locating moves, or the merge once the pairs share replicas."""
+        moving = {t for (table, t) in self.truth.transitions if table == table_id}
+        moves = resize.merge_moves(self.truth, table_id)
+        if not moves and not moving:
+            outcome = self.append(MergeTablets(term=self.nodes[self.leader].raft_term, table_id=table_id,
+                                               id_seed=f"{self.rng.getrandbits(128):032x}", cmd_id=None))
+            self.stats["merges" if outcome is None else "merges refused"] += 1
+            return
+        for tablet, leaving, pending in moves:
+            if tablet not in moving:
+                moving.add(tablet)
+                self.append(StartTabletMigration(
+                    migration_id=f"{self.rng.getrandbits(128):032x}", table_id=table_id, tablet_id=tablet,
+                    leaving_node=leaving.node, leaving_shard=leaving.shard, pending_node=pending.node,
+                    pending_shard=pending.shard, cmd_id=None))
 
     def start_migration(self) -> None:
         rng, truth = self.rng, self.truth
@@ -276,9 +319,11 @@ class Simulation:
             self.stats["migrations done"] += 1
 
     def finish_migrations(self) -> None:
-        while self.truth.transitions:
+        while self.truth.transitions or self.truth.merge_requests:
             for transition in sorted(self.truth.transitions.values(), key=lambda t: t.migration_id):
                 self.drive_migration(transition, faults=False)
+            for table_id in sorted(self.truth.merge_requests):
+                self.prepare_merge(table_id)
 
     def catch_up(self, node: Node, index: int) -> None:
         """Apply the log on `node` up to `index` (replication, or the worker's read barrier)."""
@@ -646,7 +691,8 @@ COVERAGE = ("stale commands refused", "leader changes", "messages lost", "messag
             "tasks that left a running batch", "ledger prunes", "loops that noticed they were deposed",
             "partial answers", "foreign ids in answers", "worker crashes between recording and answering",
             "snapshot installs", "proposals lost", "proposals committed after their proposer gave up",
-            "migrations started", "migrations done", "migrations rolled back", "stale migration commands refused")
+            "migrations started", "migrations done", "migrations rolled back", "stale migration commands refused",
+            "splits", "merges")
 COVERAGE_SEEDS = range(200)
 
 
