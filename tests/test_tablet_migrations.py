@@ -576,3 +576,66 @@ def test_any_cluster_the_balancer_converges_to_even(nodes, rf, shards, added):
     assert counts(state)[-1] - counts(state)[0] <= 1
     for replicas in state.tablets[next(iter(state.tablets))].replicas:
         assert len({r.node for r in replicas}) == rf
+
+
+# ------------------------------------------------------------------ nodes leaving
+
+from coordinator.core.commands import DecommissionNode, RemoveNode  # noqa: E402
+
+
+def drain(state: Group0State) -> int:
+    ran = 0
+    while planned := m.drain_moves(state, limit=100):
+        for move in planned:
+            source = move.source
+            assert state.apply(StartTabletMigration(
+                cmd_id=None, migration_id=uuid.uuid4().hex, table_id=move.table_id, tablet_id=move.tablet_id,
+                leaving_node=move.leaving.node, leaving_shard=move.leaving.shard, pending_node=move.pending.node,
+                pending_shard=move.pending.shard, source_node=source.node if source else "",
+                source_shard=source.shard if source else 0)).ok, move
+            run_to(state, move.table_id, move.tablet_id, "end_migration")
+            ran += 1
+    return ran
+
+
+def test_a_decommissioned_node_is_drained_then_removed_and_cannot_come_back():
+    state = cluster(nodes=4, shards=1)
+    table_id = make_table(state, rf=3, tablets=4)
+    view_id = make_view(state)
+    assert state.apply(DecommissionNode(cmd_id=None, node_id="n1")).value == "leaving"
+    assert "n1" not in {r.node for r in m.choose_replicas(state.nodes, 3, frozenset(), *m.replica_loads([]))}
+    assert m.removable_nodes(state) == []
+    early = state.apply(RemoveNode(cmd_id=None, term=1, node_id="n1"))
+    assert early.error_code == "FAILED_PRECONDITION" and "still holds" in early.error_message
+    drain(state)
+    assert not any(r.node == "n1" for m_ in state.tablets.values() for rs in m_.replicas for r in rs)
+    assert m.removable_nodes(state) == ["n1"]
+    assert state.apply(RemoveNode(cmd_id=None, term=1, node_id="n1")).ok
+    assert "n1" not in state.nodes and "n1" in state.removed_nodes
+    assert not any(node == "n1" for (_, node) in state.build_status)
+    again = state.apply(RegisterNode(cmd_id=None, node_id="n1", grpc="g", raft="r", shards=1))
+    assert again.error_code == "FAILED_PRECONDITION" and "was removed from the cluster" in again.error_message
+    assert len(list(state.tasks_of_view(view_id))) == 12 and table_id in state.tablets
+
+
+def test_a_dead_node_is_rebuilt_from_the_surviving_replicas():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=2, tablets=2)
+    assert state.apply(DecommissionNode(cmd_id=None, node_id="n2", dead=True)).value == "removing"
+    assert "n2" not in m.barrier_nodes(state)
+    for move in m.drain_moves(state, limit=10):
+        assert move.source is not None and move.source.node != "n2"
+    drain(state)
+    assert all(len(rs) == 2 and "n2" not in {r.node for r in rs} for rs in state.tablets[table_id].replicas)
+
+
+def test_leaving_is_refused_when_the_rest_cannot_hold_every_rf():
+    state = cluster(nodes=3, shards=1)
+    make_table(state, rf=3, tablets=1)
+    refused = state.apply(DecommissionNode(cmd_id=None, node_id="n1"))
+    assert refused.error_code == "FAILED_PRECONDITION" and "rf 3" in refused.error_message
+    lonely = cluster(nodes=1, shards=1)
+    last = lonely.apply(DecommissionNode(cmd_id=None, node_id="n1"))
+    assert last.error_code == "FAILED_PRECONDITION" and "last node" in last.error_message
+    unknown = state.apply(DecommissionNode(cmd_id=None, node_id="n9"))
+    assert unknown.error_code == "INVALID_ARGUMENT"
