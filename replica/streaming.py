@@ -236,7 +236,7 @@ class TabletStreams:
             self._check_current(request.term)
             if window.num_rows == 0:
                 continue
-            bulk.merge_stored_rows(self._store, spec, pa.Table.from_batches([window]))
+            bulk.merge_stored_window(self._store, spec, pa.Table.from_batches([window]))
             resume.after_token = window.column("token")[-1].as_py()
             resume.rows += window.num_rows
             self._metrics.tablet_rows_streamed.inc(window.num_rows)

@@ -574,8 +574,8 @@ def _merge_in_chunks(store: NodeStore, prepared: pa.Table, prepare_chunk, merge_
 # so the view updates this replica sends next keep ordering after the ones the other sent).
 
 
-def prepare_stored_rows(spec: TableSpec, rows: pa.Table) -> pa.Table:
-    """Rows in the storage layout checked, cast to the bound types and sorted by primary key. A regular column the
+def _checked_stored_rows(spec: TableSpec, rows: pa.Table) -> pa.Table:
+    """Rows in the storage layout checked and cast to the bound types, in their order. A regular column the
     rows lack (a sender with an older definition of the table) holds no cell in them: added as NULLs."""
     regular = {name for c in spec.regular for name in (value_column_name(c.name), ts_column_name(c.name))}
     for field in storage_schema(spec):
@@ -583,7 +583,12 @@ def prepare_stored_rows(spec: TableSpec, rows: pa.Table) -> pa.Table:
             rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
     fields = [_bound_field(field) for field in storage_schema(spec)]
     arrays = [_checked_column(rows, field.name, field.type, field.nullable, "stored rows") for field in fields]
-    table = pa.Table.from_arrays(arrays, names=[field.name for field in fields])
+    return pa.Table.from_arrays(arrays, names=[field.name for field in fields])
+
+
+def prepare_stored_rows(spec: TableSpec, rows: pa.Table) -> pa.Table:
+    """`_checked_stored_rows` sorted by primary key (stable: equal keys keep their order)."""
+    table = _checked_stored_rows(spec, rows)
     return table.sort_by([(name, "ascending") for name in key_column_names(spec)])
 
 
@@ -597,8 +602,8 @@ def _sqlite_stored_parameters(spec: TableSpec) -> list[_Bound]:
     return bound
 
 
-def sqlite_stored_upsert_sql(spec: TableSpec) -> str:
-    """The bound last-write-wins upsert of one stored row (placeholders in `_sqlite_stored_parameters` order)."""
+def _sqlite_stored_values(spec: TableSpec) -> str:
+    """`VALUES (...)` of one bound stored row (placeholders in `_sqlite_stored_parameters` order)."""
     bound = _sqlite_stored_parameters(spec)
 
     def value(name: str) -> str:
@@ -607,8 +612,24 @@ def sqlite_stored_upsert_sql(spec: TableSpec) -> str:
             return placeholder
         return f"CASE WHEN ?{bound.index(_Bound(name, True)) + 1} THEN 'NaN' ELSE {placeholder} END"
 
-    values = ", ".join(value(name) for name in storage_column_names(spec))
-    return last_write_wins_sql(spec, True, f"VALUES ({values})", full_rows=False)
+    return f"VALUES ({', '.join(value(name) for name in storage_column_names(spec))})"
+
+
+def sqlite_stored_upsert_sql(spec: TableSpec) -> str:
+    """The bound last-write-wins upsert of one stored row (placeholders in `_sqlite_stored_parameters` order)."""
+    return last_write_wins_sql(spec, True, _sqlite_stored_values(spec), full_rows=False)
+
+
+def sqlite_stored_insert_sql(spec: TableSpec) -> str:
+    """The bound plain INSERT of one stored row (no conflict rule), for a token range that holds no row here."""
+    columns = ", ".join(quote(name) for name in storage_column_names(spec))
+    return f"INSERT INTO {quote(physical_table_name(spec.table_id))} ({columns}) {_sqlite_stored_values(spec)}"
+
+
+def sqlite_range_probe_sql(spec: TableSpec) -> str:
+    """Whether the table holds a row (tombstones too) with ?1 <= token <= ?2: one index probe."""
+    table = quote(physical_table_name(spec.table_id))
+    return f"SELECT EXISTS (SELECT 1 FROM {table} WHERE token >= ?1 AND token <= ?2) AS found"
 
 
 def postgres_stored_merge_sql(spec: TableSpec, merge_round: int | None = None) -> str:
@@ -646,6 +667,84 @@ def merge_stored_rows(store: NodeStore, spec: TableSpec, rows: pa.Table, *,
     return _merge_in_chunks(store, prepared, *_stored_chunk_merger(spec, _backend(store)), chunk_rows)
 
 
+# A stream's window (`merge_stored_window`): when the destination holds no row in the window's token range, the
+# merge would insert every row as it is, so a plain INSERT (no conflict rule to evaluate) gives the same table.
+# The range is probed inside the insert's transaction, under the writer lock, so a live write that landed first
+# sends the window down the merge path and keeps whatever is newer.
+
+
+@dataclass(frozen=True)
+class _WindowStatements:
+    """The SQLite statements of a window's merge: the range probe, the plain INSERT and the last-write-wins upsert."""
+
+    probe: str
+    insert: str
+    upsert: str
+
+
+def _window_statements(spec: TableSpec) -> _WindowStatements:
+    return _WindowStatements(sqlite_range_probe_sql(spec), sqlite_stored_insert_sql(spec),
+                             sqlite_stored_upsert_sql(spec))
+
+
+def _changes(cursor, sql: str, params: pa.Table) -> int:
+    """Run the bound statement for every row; the rows it changed."""
+    before = _scalar(cursor, "SELECT total_changes()")
+    cursor.executemany(sql, params)
+    return int(_scalar(cursor, "SELECT total_changes()")) - int(before)
+
+
+def _insert_or_merge(cursor, statements: _WindowStatements, tokens: tuple[int, int], params: pa.Table) -> int:
+    """(In a transaction holding the writer lock) the plain INSERT when the token range holds no row, else the merge."""
+    if _scalar(cursor, statements.probe, tokens):
+        return _changes(cursor, statements.upsert, params)
+    return _changes(cursor, statements.insert, params)
+
+
+def _merge_sqlite_window(backend: _Backend, statements: _WindowStatements, tokens: tuple[int, int],
+                         params: pa.Table) -> int:
+    """(In a child process) one chunk of a window in one BEGIN IMMEDIATE transaction, synchronous commit; rows
+    changed. A key repeated in the chunk makes the plain INSERT fail: the chunk is then merged instead."""
+    with _connect(backend) as conn:
+        cursor = conn.cursor()
+        _execute(cursor, "PRAGMA synchronous=FULL")
+        _execute(cursor, f"PRAGMA cache_size=-{SQLITE_MERGE_CACHE_KIB}")
+        try:
+            with _transaction(cursor, "BEGIN IMMEDIATE"):
+                return _insert_or_merge(cursor, statements, tokens, params)
+        except adbc_driver_sqlite.dbapi.IntegrityError:
+            with _transaction(cursor, "BEGIN IMMEDIATE"):
+                return _changes(cursor, statements.upsert, params)
+
+
+def _token_span(chunk: pa.RecordBatch) -> tuple[int, int]:
+    span = pc.min_max(chunk.column("token"))
+    return (span["min"].as_py(), span["max"].as_py())
+
+
+def _window_chunk_merger(spec: TableSpec, backend: _Backend):
+    """(prepare, merge) of a window's chunks on SQLite: the chunk's token span travels with its bound rows."""
+    statements, bound = _window_statements(spec), _sqlite_stored_parameters(spec)
+    return ((lambda chunk: (_token_span(chunk), _to_ipc(_sqlite_bind_table(chunk, bound)))),
+            (lambda prepared: _SQLITE_CHILDREN.run("merge_window", backend, statements, *prepared)))
+
+
+def merge_stored_window(store: NodeStore, spec: TableSpec, rows: pa.Table, *,
+                        chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
+    """`merge_stored_rows` for a window of a tablet stream: rows expected in primary key order (as
+    `read_token_window` returns them; another order is merged as well, only slower), not sorted again. On SQLite a
+    chunk whose token span holds no row here at the moment of its transaction is inserted with a plain INSERT;
+    the result and the returned count are those of `merge_stored_rows`."""
+    store.table_spec(spec.table_id)
+    if rows.num_rows == 0:
+        return 0
+    backend = _backend(store)
+    if not backend.sqlite:
+        return merge_stored_rows(store, spec, rows, chunk_rows=chunk_rows)
+    checked = _checked_stored_rows(spec, rows)
+    return _merge_in_chunks(store, checked, *_window_chunk_merger(spec, backend), chunk_rows)
+
+
 def _child_read(backend: _Backend, sql: str, params: tuple, batch_rows: int) -> bytes:
     return _to_ipc(_read_snapshot(backend, sql, params, batch_rows))
 
@@ -654,5 +753,11 @@ def _child_merge(backend: _Backend, sql: str, params: bytes) -> int:
     return _merge_sqlite(backend, sql, _from_ipc(params))
 
 
-CHILD_FUNCTIONS = {"read": _child_read, "stage": _stage_snapshot, "merge": _child_merge}
+def _child_merge_window(backend: _Backend, statements: _WindowStatements, tokens: tuple[int, int],
+                        params: bytes) -> int:
+    return _merge_sqlite_window(backend, statements, tokens, _from_ipc(params))
+
+
+CHILD_FUNCTIONS = {"read": _child_read, "stage": _stage_snapshot, "merge": _child_merge,
+                   "merge_window": _child_merge_window}
 CHILD_WARM_UP = _child_warm_up  # what a child process answers (storage.adbc_pool)
