@@ -231,12 +231,11 @@ class TabletStreams:
     def _merge_windows(self, request: TabletStream, spec: TableSpec, resume: _Resume) -> None:
         rows = self._source.read_tablet_rows(request.source_node, request.table_id, request.schema_version,
                                              request.first_token, request.last_token, resume.after_token, WINDOW_ROWS)
-        for window in prefetched(rows, PREFETCH_WINDOWS, rows.cancel):
+        windows = (window for window in prefetched(rows, PREFETCH_WINDOWS, rows.cancel) if window.num_rows)
+        for window, last in with_last(windows):
             self._injections.hit("stream_tablet_fail")
             self._check_current(request.term)
-            if window.num_rows == 0:
-                continue
-            bulk.merge_stored_window(self._store, spec, pa.Table.from_batches([window]))
+            bulk.merge_stored_window(self._store, spec, pa.Table.from_batches([window]), durable=last)
             resume.after_token = window.column("token")[-1].as_py()
             resume.rows += window.num_rows
             self._metrics.tablet_rows_streamed.inc(window.num_rows)
@@ -311,6 +310,16 @@ class TabletStreams:
 
 
 _END = object()
+
+
+def with_last(items: Iterable) -> Iterator[tuple[object, bool]]:
+    """(item, whether it is the last one) for each of `items`: an item is handed out once the next one arrived."""
+    iterator = iter(items)
+    current = next(iterator, _END)
+    while current is not _END:
+        following = next(iterator, _END)
+        yield current, following is _END
+        current = following
 
 
 def prefetched(items: Iterable, depth: int, cancel: Callable[[], None]) -> Iterator:

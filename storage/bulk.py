@@ -74,7 +74,7 @@ from .arrow_layouts import (
     view_rows_schema,
 )
 from .cells import TableSpec
-from .store import PG_WRITER_LOCK_ID, NodeStore
+from .store import PG_WRITER_LOCK_ID, SQLITE_CHECKPOINT_PAGES, NodeStore
 from .upsert import last_write_wins_sql, physical_table_name, quote
 
 DEFAULT_BATCH_ROWS = 65_536
@@ -702,13 +702,15 @@ def _insert_or_merge(cursor, statements: _WindowStatements, tokens: tuple[int, i
 
 
 def _merge_sqlite_window(backend: _Backend, statements: _WindowStatements, tokens: tuple[int, int],
-                         params: pa.Table) -> int:
-    """(In a child process) one chunk of a window in one BEGIN IMMEDIATE transaction, synchronous commit; rows
-    changed. A key repeated in the chunk makes the plain INSERT fail: the chunk is then merged instead."""
+                         params: pa.Table, durable: bool) -> int:
+    """(In a child process) one chunk of a window in one BEGIN IMMEDIATE transaction, its commit synced when
+    `durable`; rows changed. A key repeated in the chunk makes the plain INSERT fail: the chunk is then merged
+    instead."""
     with _connect(backend) as conn:
         cursor = conn.cursor()
-        _execute(cursor, "PRAGMA synchronous=FULL")
+        _execute(cursor, f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         _execute(cursor, f"PRAGMA cache_size=-{SQLITE_MERGE_CACHE_KIB}")
+        _execute(cursor, f"PRAGMA wal_autocheckpoint={SQLITE_CHECKPOINT_PAGES}")  # as the store's writer
         try:
             with _transaction(cursor, "BEGIN IMMEDIATE"):
                 return _insert_or_merge(cursor, statements, tokens, params)
@@ -722,19 +724,20 @@ def _token_span(chunk: pa.RecordBatch) -> tuple[int, int]:
     return (span["min"].as_py(), span["max"].as_py())
 
 
-def _window_chunk_merger(spec: TableSpec, backend: _Backend):
+def _window_chunk_merger(spec: TableSpec, backend: _Backend, durable: bool):
     """(prepare, merge) of a window's chunks on SQLite: the chunk's token span travels with its bound rows."""
     statements, bound = _window_statements(spec), _sqlite_stored_parameters(spec)
     return ((lambda chunk: (_token_span(chunk), _to_ipc(_sqlite_bind_table(chunk, bound)))),
-            (lambda prepared: _SQLITE_CHILDREN.run("merge_window", backend, statements, *prepared)))
+            (lambda prepared: _SQLITE_CHILDREN.run("merge_window", backend, statements, *prepared, durable)))
 
 
-def merge_stored_window(store: NodeStore, spec: TableSpec, rows: pa.Table, *,
+def merge_stored_window(store: NodeStore, spec: TableSpec, rows: pa.Table, *, durable: bool = True,
                         chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
     """`merge_stored_rows` for a window of a tablet stream: rows expected in primary key order (as
     `read_token_window` returns them; another order is merged as well, only slower), not sorted again. On SQLite a
     chunk whose token span holds no row here at the moment of its transaction is inserted with a plain INSERT;
-    the result and the returned count are those of `merge_stored_rows`."""
+    the result and the returned count are those of `merge_stored_rows`. `durable=False` (SQLite): the commits are
+    not synced (atomic all the same; a later synced commit, e.g. the stream's last window, makes them durable)."""
     store.table_spec(spec.table_id)
     if rows.num_rows == 0:
         return 0
@@ -742,7 +745,7 @@ def merge_stored_window(store: NodeStore, spec: TableSpec, rows: pa.Table, *,
     if not backend.sqlite:
         return merge_stored_rows(store, spec, rows, chunk_rows=chunk_rows)
     checked = _checked_stored_rows(spec, rows)
-    return _merge_in_chunks(store, checked, *_window_chunk_merger(spec, backend), chunk_rows)
+    return _merge_in_chunks(store, checked, *_window_chunk_merger(spec, backend, durable), chunk_rows)
 
 
 def _child_read(backend: _Backend, sql: str, params: tuple, batch_rows: int) -> bytes:
@@ -754,8 +757,8 @@ def _child_merge(backend: _Backend, sql: str, params: bytes) -> int:
 
 
 def _child_merge_window(backend: _Backend, statements: _WindowStatements, tokens: tuple[int, int],
-                        params: bytes) -> int:
-    return _merge_sqlite_window(backend, statements, tokens, _from_ipc(params))
+                        params: bytes, durable: bool) -> int:
+    return _merge_sqlite_window(backend, statements, tokens, _from_ipc(params), durable)
 
 
 CHILD_FUNCTIONS = {"read": _child_read, "stage": _stage_snapshot, "merge": _child_merge,
