@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -140,6 +141,56 @@ def _connect(backend: _Backend) -> Iterator:
         yield conn
     finally:
         conn.close()
+
+
+# A child process keeps its last SQLite connections open between calls: a new connection per window cost a
+# stream's merge 28 ms and its first statement 13 ms (1M rows: ~0.6 of 1.9 s, measured beside a node holding the
+# database open). A kept connection is used only while the file at its path is still the one it opened.
+KEPT_SQLITE_CONNECTIONS = 4
+_KEPT: dict[str, tuple[tuple[int, int], object]] = {}
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_dev, status.st_ino)
+
+
+def _take_kept(path: str):
+    """The kept connection to `path` (removed from the keep), if it still opens the file at that path."""
+    identity, conn = _KEPT.pop(path, (None, None))
+    if conn is not None and identity != _file_identity(path):
+        conn.close()
+        return None
+    return conn
+
+
+def _keep(path: str, conn) -> None:
+    identity = _file_identity(path)
+    if identity is None:
+        conn.close()
+        return
+    _KEPT[path] = (identity, conn)
+    while len(_KEPT) > KEPT_SQLITE_CONNECTIONS:  # the least recently used first (a taken one is put back last)
+        _KEPT.pop(next(iter(_KEPT)))[1].close()
+
+
+@contextmanager
+def _kept_sqlite_connection(backend: _Backend) -> Iterator:
+    """(In a child process) an ADBC SQLite connection, kept open for the next call to the same file; closed
+    instead when the call fails."""
+    conn = _take_kept(backend.target)
+    if conn is None:
+        conn = adbc_driver_sqlite.dbapi.connect(backend.target, autocommit=True)
+        _execute(conn.cursor(), f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    try:
+        yield conn
+    except BaseException:
+        conn.close()
+        raise
+    _keep(backend.target, conn)
 
 
 def _execute(cursor, sql: str, params: tuple = ()) -> None:
@@ -270,8 +321,7 @@ def _batch_option(backend: _Backend, batch_rows: int) -> dict[str, str]:
 def _read_snapshot(backend: _Backend, sql: str, params: tuple, batch_rows: int) -> pa.Table:
     """Run the range query in one read transaction (REPEATABLE READ on PostgreSQL); the raw ADBC result."""
     begin = "BEGIN" if backend.sqlite else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-    with _connect(backend) as conn:
-        cursor = conn.cursor()
+    with (_kept_sqlite_connection if backend.sqlite else _connect)(backend) as conn, conn.cursor() as cursor:
         cursor.adbc_statement.set_options(**_batch_option(backend, batch_rows))
         with _transaction(cursor, begin):
             cursor.execute(sql, params)
@@ -706,8 +756,7 @@ def _merge_sqlite_window(backend: _Backend, statements: _WindowStatements, token
     """(In a child process) one chunk of a window in one BEGIN IMMEDIATE transaction, its commit synced when
     `durable`; rows changed. A key repeated in the chunk makes the plain INSERT fail: the chunk is then merged
     instead."""
-    with _connect(backend) as conn:
-        cursor = conn.cursor()
+    with _kept_sqlite_connection(backend) as conn, conn.cursor() as cursor:
         _execute(cursor, f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         _execute(cursor, f"PRAGMA cache_size=-{SQLITE_MERGE_CACHE_KIB}")
         _execute(cursor, f"PRAGMA wal_autocheckpoint={SQLITE_CHECKPOINT_PAGES}")  # as the store's writer
