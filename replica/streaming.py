@@ -231,14 +231,15 @@ class TabletStreams:
     def _merge_windows(self, request: TabletStream, spec: TableSpec, resume: _Resume) -> None:
         rows = self._source.read_tablet_rows(request.source_node, request.table_id, request.schema_version,
                                              request.first_token, request.last_token, resume.after_token, WINDOW_ROWS)
-        windows = (window for window in prefetched(rows, PREFETCH_WINDOWS, rows.cancel) if window.num_rows)
-        for window, last in with_last(windows):
+        prepared = (bulk.prepare_stored_window(self._store, spec, pa.Table.from_batches([window]))
+                    for window in rows if window.num_rows)  # on the reading thread, beside the merge
+        for window, last in with_last(prefetched(prepared, PREFETCH_WINDOWS, rows.cancel)):
             self._injections.hit("stream_tablet_fail")
             self._check_current(request.term)
-            bulk.merge_stored_window(self._store, spec, pa.Table.from_batches([window]), durable=last)
-            resume.after_token = window.column("token")[-1].as_py()
-            resume.rows += window.num_rows
-            self._metrics.tablet_rows_streamed.inc(window.num_rows)
+            bulk.merge_prepared_window(self._store, spec, window, durable=last)  # the last one syncs them all
+            resume.after_token = window.last_token
+            resume.rows += window.rows
+            self._metrics.tablet_rows_streamed.inc(window.rows)
         resume.after_token = request.last_token  # the source said every row was sent
 
     def _failure(self, request: TabletStream, resume: _Resume, reason: str) -> str:

@@ -773,11 +773,52 @@ def _token_span(chunk: pa.RecordBatch) -> tuple[int, int]:
     return (span["min"].as_py(), span["max"].as_py())
 
 
-def _window_chunk_merger(spec: TableSpec, backend: _Backend, durable: bool):
-    """(prepare, merge) of a window's chunks on SQLite: the chunk's token span travels with its bound rows."""
-    statements, bound = _window_statements(spec), _sqlite_stored_parameters(spec)
-    return ((lambda chunk: (_token_span(chunk), _to_ipc(_sqlite_bind_table(chunk, bound)))),
-            (lambda prepared: _SQLITE_CHILDREN.run("merge_window", backend, statements, *prepared, durable)))
+def _window_chunk_payload(chunk: pa.RecordBatch, bound: list[_Bound]) -> tuple[tuple[int, int], bytes]:
+    """A window's chunk as the merge child takes it: its token span and its bound rows as Arrow IPC."""
+    return (_token_span(chunk), _to_ipc(_sqlite_bind_table(chunk, bound)))
+
+
+@dataclass(frozen=True)
+class PreparedWindow:
+    """A stream's window ready to merge (`prepare_stored_window`): its rows, last token and merge payloads."""
+
+    table_id: str
+    rows: int
+    last_token: int
+    payloads: tuple = ()  # SQLite: per chunk (token span, bound rows as IPC)
+    table: pa.Table | None = None  # PostgreSQL: the rows, merged by `merge_stored_rows`
+
+
+def prepare_stored_window(store: NodeStore, spec: TableSpec, rows: pa.Table, *,
+                          chunk_rows: int = DEFAULT_CHUNK_ROWS) -> PreparedWindow:
+    """The work of `merge_stored_window` that needs no lock: checks, casts and the bound rows (a stream runs it on
+    its reading thread, beside the merge of the window before). ValueError/TypeError for bad rows, as
+    `merge_stored_rows`."""
+    last_token = rows.column("token")[-1].as_py() if rows.num_rows and "token" in rows.column_names else 0
+    if rows.num_rows == 0:
+        return PreparedWindow(spec.table_id, 0, last_token)
+    if not _backend(store).sqlite:
+        return PreparedWindow(spec.table_id, rows.num_rows, last_token, table=rows)
+    bound = _sqlite_stored_parameters(spec)
+    chunks = _checked_stored_rows(spec, rows).to_batches(max_chunksize=max(1, chunk_rows))
+    return PreparedWindow(spec.table_id, rows.num_rows, last_token,
+                          tuple(_window_chunk_payload(chunk, bound) for chunk in chunks))
+
+
+def merge_prepared_window(store: NodeStore, spec: TableSpec, window: PreparedWindow, *, durable: bool = True) -> int:
+    """Merge a prepared window (see `merge_stored_window`); the number of rows whose stored state changed."""
+    store.table_spec(spec.table_id)
+    if window.rows == 0:
+        return 0
+    if window.table is not None:
+        return merge_stored_rows(store, spec, window.table)
+    backend, statements = _backend(store), _window_statements(spec)
+    changed = 0
+    with store.bulk_merge_turn():
+        for tokens, params in window.payloads:
+            with store.writer_lock():
+                changed += _SQLITE_CHILDREN.run("merge_window", backend, statements, tokens, params, durable)
+    return changed
 
 
 def merge_stored_window(store: NodeStore, spec: TableSpec, rows: pa.Table, *, durable: bool = True,
@@ -788,13 +829,8 @@ def merge_stored_window(store: NodeStore, spec: TableSpec, rows: pa.Table, *, du
     the result and the returned count are those of `merge_stored_rows`. `durable=False` (SQLite): the commits are
     not synced (atomic all the same; a later synced commit, e.g. the stream's last window, makes them durable)."""
     store.table_spec(spec.table_id)
-    if rows.num_rows == 0:
-        return 0
-    backend = _backend(store)
-    if not backend.sqlite:
-        return merge_stored_rows(store, spec, rows, chunk_rows=chunk_rows)
-    checked = _checked_stored_rows(spec, rows)
-    return _merge_in_chunks(store, checked, *_window_chunk_merger(spec, backend, durable), chunk_rows)
+    prepared = prepare_stored_window(store, spec, rows, chunk_rows=chunk_rows)
+    return merge_prepared_window(store, spec, prepared, durable=durable)
 
 
 def _child_read(backend: _Backend, sql: str, params: tuple, batch_rows: int) -> bytes:
