@@ -42,11 +42,17 @@ Tablet streaming. `read_token_window(store, spec, first, last, max_rows)` reads 
 token boundary, so a reader resumes exactly at the last token it got + 1. `merge_stored_rows(store, spec, rows)`
 merges rows in the storage layout (tombstones and per-cell timestamps included, as another replica stores them)
 with the write path's rule (`last_write_wins_sql`, `full_rows=False`), set-based in chunks as `merge_view_rows`;
-a row new here keeps the sender's `view_ts`. A retried merge changes nothing.
+a row new here keeps the sender's `view_ts`. A retried merge changes nothing. `merge_stored_window` is the same
+merge for a stream's window, whose rows come in key order and are not sorted again: on SQLite, a chunk whose token
+span holds no row here (tombstones included), probed in the chunk's own transaction under the writer lock, is
+inserted with a plain `INSERT`, which stores exactly what the merge would; otherwise (or when a key repeats in the
+chunk) the merge runs. A stream syncs only its last window's commit (`durable`), which syncs the WAL with the
+earlier ones. `prepare_stored_window` does the part that needs no lock, so a stream runs it on its reading thread.
 
 Processes. On SQLite the ADBC work runs in child processes (`storage.adbc_pool`, serving `CHILD_FUNCTIONS`):
 ADBC's SQLite driver carries its own copy of the SQLite library, and two copies in one process corrupt each
-other's WAL locking. PostgreSQL is reached over the network and runs in the calling thread.
+other's WAL locking. A child keeps its last SQLite connections open between calls (`KEPT_SQLITE_CONNECTIONS`).
+PostgreSQL is reached over the network and runs in the calling thread.
 """
 from __future__ import annotations
 
