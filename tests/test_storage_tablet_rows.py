@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from storage import bulk
 from storage.arrow_layouts import storage_schema, value_column_name
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, merge, same_key
+from storage.store import NodeStore
 
 from .test_storage_bulk import KEYS, MAX_TOKEN, REGULAR, MIN_TOKEN, canonical_row, layout_of, new_table, stored_rows
 
@@ -237,3 +239,15 @@ def test_the_window_statements_probe_the_range():
     spec = TableSpec(uuid.uuid4().hex, KEYS[0], KEYS[1], REGULAR)
     assert "ON CONFLICT" not in bulk.sqlite_stored_insert_sql(spec)
     assert "token >= ?1 AND token <= ?2" in bulk.sqlite_range_probe_sql(spec)
+
+
+def test_a_kept_child_connection_follows_a_database_replaced_at_its_path(tmp_path):
+    path = tmp_path / "node.db"
+    for _ in range(2):  # the second store is a new file at the same path
+        with NodeStore(f"sqlite:///{path}") as store:
+            source, destination = new_table(store), new_table(store)
+            _mixed_rows(store, source, count=5)
+            assert bulk.merge_stored_window(store, destination, stored(store, source)) == 5
+            assert len(store.scan(destination.table_id, *EVERYTHING, include_tombstones=True)) == 5
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
