@@ -3,8 +3,9 @@
 The node of a pending replica streams (`TabletStreams.stream`): it reads the source's rows of one table's token
 range in the storage layout (tombstones and per-cell timestamps included) as token-ordered windows that end at
 token boundaries (`tablet_windows` on the source), and merges each window here with the write path's
-last-write-wins rule (`storage.bulk.merge_stored_rows`): rows written here meanwhile (the migration's double
-writes) keep whatever is newer, and a window merged twice changes nothing. Per migration id it remembers, in
+last-write-wins rule (`storage.bulk.merge_prepared_window`, prepared on the reading thread; a window whose token
+span holds no row here is inserted as it is): rows written here meanwhile (the migration's double writes) keep
+whatever is newer, and a window merged twice changes nothing. Only the last window's commit is synced. Per migration id it remembers, in
 memory, the last token merged: a retried stream of the same migration resumes after it, a fresh one starts at
 the range's first token. `cleanup` deletes this node's rows of a range (the leaving replica after a migration,
 the pending one after a rollback).
