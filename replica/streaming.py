@@ -3,8 +3,9 @@
 The node of a pending replica streams (`TabletStreams.stream`): it reads the source's rows of one table's token
 range in the storage layout (tombstones and per-cell timestamps included) as token-ordered windows that end at
 token boundaries (`tablet_windows` on the source), and merges each window here with the write path's
-last-write-wins rule (`storage.bulk.merge_stored_rows`): rows written here meanwhile (the migration's double
-writes) keep whatever is newer, and a window merged twice changes nothing. Per migration id it remembers, in
+last-write-wins rule (`storage.bulk.merge_prepared_window`, prepared on the reading thread; a window whose token
+span holds no row here is inserted as it is): rows written here meanwhile (the migration's double writes) keep
+whatever is newer, and a window merged twice changes nothing. Only the last window's commit is synced. Per migration id it remembers, in
 memory, the last token merged: a retried stream of the same migration resumes after it, a fresh one starts at
 the range's first token. `cleanup` deletes this node's rows of a range (the leaving replica after a migration,
 the pending one after a rollback).
@@ -231,15 +232,15 @@ class TabletStreams:
     def _merge_windows(self, request: TabletStream, spec: TableSpec, resume: _Resume) -> None:
         rows = self._source.read_tablet_rows(request.source_node, request.table_id, request.schema_version,
                                              request.first_token, request.last_token, resume.after_token, WINDOW_ROWS)
-        for window in prefetched(rows, PREFETCH_WINDOWS, rows.cancel):
+        prepared = (bulk.prepare_stored_window(self._store, spec, pa.Table.from_batches([window]))
+                    for window in rows if window.num_rows)  # on the reading thread, beside the merge
+        for window, last in with_last(prefetched(prepared, PREFETCH_WINDOWS, rows.cancel)):
             self._injections.hit("stream_tablet_fail")
             self._check_current(request.term)
-            if window.num_rows == 0:
-                continue
-            bulk.merge_stored_rows(self._store, spec, pa.Table.from_batches([window]))
-            resume.after_token = window.column("token")[-1].as_py()
-            resume.rows += window.num_rows
-            self._metrics.tablet_rows_streamed.inc(window.num_rows)
+            bulk.merge_prepared_window(self._store, spec, window, durable=last)  # the last one syncs them all
+            resume.after_token = window.last_token
+            resume.rows += window.rows
+            self._metrics.tablet_rows_streamed.inc(window.rows)
         resume.after_token = request.last_token  # the source said every row was sent
 
     def _failure(self, request: TabletStream, resume: _Resume, reason: str) -> str:
@@ -311,6 +312,16 @@ class TabletStreams:
 
 
 _END = object()
+
+
+def with_last(items: Iterable) -> Iterator[tuple[object, bool]]:
+    """(item, whether it is the last one) for each of `items`: an item is handed out once the next one arrived."""
+    iterator = iter(items)
+    current = next(iterator, _END)
+    while current is not _END:
+        following = next(iterator, _END)
+        yield current, following is _END
+        current = following
 
 
 def prefetched(items: Iterable, depth: int, cancel: Callable[[], None]) -> Iterator:

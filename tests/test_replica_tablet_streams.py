@@ -89,15 +89,15 @@ def test_a_stream_copies_the_source_rows_with_tombstones_and_a_retry_changes_not
 def test_a_failed_stream_resumes_after_the_last_token_it_merged(cluster, monkeypatch):
     monkeypatch.setattr(streaming, "WINDOW_ROWS", 20)
     request = _request(cluster)
-    merges, real_merge = [], bulk.merge_stored_rows
+    merges, real_merge = [], bulk.merge_prepared_window
 
-    def merge_failing_second(store, spec, rows, **options):
-        merges.append(rows.column("token").to_pylist())
+    def merge_failing_second(store, spec, window, **options):
+        merges.append([window.last_token])
         if len(merges) == 2:
             raise Unavailable("the disk hiccuped")
-        return real_merge(store, spec, rows, **options)
+        return real_merge(store, spec, window, **options)
 
-    monkeypatch.setattr(bulk, "merge_stored_rows", merge_failing_second)
+    monkeypatch.setattr(bulk, "merge_prepared_window", merge_failing_second)
     with pytest.raises(Unavailable, match=r"failed after \d+ rows \(merged up to token .*the disk hiccuped"):
         _stream(cluster, request)
     first_window = merges[0]

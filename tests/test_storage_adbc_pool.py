@@ -68,6 +68,6 @@ def test_a_pool_answers_only_the_calls_its_served_module_names():
     try:
         with pytest.raises(KeyError, match="no_such_call"):
             pool.run("no_such_call")
-        assert sorted(bulk.CHILD_FUNCTIONS) == ["merge", "read", "stage"]
+        assert sorted(bulk.CHILD_FUNCTIONS) == ["merge", "merge_window", "read", "stage"]
     finally:
         pool.shutdown()

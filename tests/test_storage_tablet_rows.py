@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from storage import bulk
 from storage.arrow_layouts import storage_schema, value_column_name
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, merge, same_key
+from storage.store import NodeStore
 
 from .test_storage_bulk import KEYS, MAX_TOKEN, REGULAR, MIN_TOKEN, canonical_row, layout_of, new_table, stored_rows
 
@@ -186,3 +188,66 @@ def test_merged_rows_keep_the_value_columns_of_every_type(store):
     row = only_row(store, destination)
     assert row.cells == cells and row.token == MAX_TOKEN
     assert stored(store, destination).column(value_column_name("flag")).to_pylist() == [False]
+
+
+# merge_stored_window: a stream's window, inserted with a plain INSERT when its token span holds no row here.
+
+
+def _mixed_rows(store, spec, count: int = 40) -> None:
+    store.apply(spec.table_id, [Row(n, key(n), marker_ts=n + 1, tomb_ts=n if n % 3 else None,
+                                    cells={"big": Cell(n, n + 1), "d": Cell(math.nan if n % 5 == 0 else n / 2, n + 2),
+                                           "t": Cell(None, n + 3)}) for n in range(count)])
+
+
+def _canonical(store, spec) -> list[dict]:
+    return [canonical_row(r) for r in stored(store, spec).to_pylist()]
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_window_into_an_empty_range_equals_the_merge(store, durable):
+    source, merged, inserted = new_table(store), new_table(store), new_table(store)
+    _mixed_rows(store, source)
+    rows = stored(store, source)
+    assert bulk.merge_stored_rows(store, merged, rows) == 40
+    assert bulk.merge_stored_window(store, inserted, rows, durable=durable, chunk_rows=16) == 40
+    assert _canonical(store, inserted) == _canonical(store, merged)
+    assert bulk.merge_stored_window(store, inserted, rows) == 0  # a retried window changes nothing
+    assert _canonical(store, inserted) == _canonical(store, merged)
+
+
+def test_a_window_over_a_newer_row_falls_back_to_the_merge_and_keeps_it(store):
+    source, destination = new_table(store), new_table(store)
+    _mixed_rows(store, source)
+    store.apply(destination.table_id, [Row(7, key(7), marker_ts=100, cells={"t": Cell("live", 100)})])
+    assert bulk.merge_stored_window(store, destination, stored(store, source)) == 40
+    live = store.get(destination.table_id, 7, key(7))
+    assert live.cells["t"] == Cell("live", 100) and live.marker_ts == 100
+    assert live.cells["big"] == Cell(7, 8)  # the streamed cell had no rival here
+    assert len(store.scan(destination.table_id, *EVERYTHING, include_tombstones=True)) == 40
+
+
+def test_a_window_repeating_a_key_merges_it_in_order(store):
+    source, destination = new_table(store), new_table(store)
+    store.apply(source.table_id, [Row(5, key(), marker_ts=3, cells={"t": Cell("a", 3)})])
+    once = stored(store, source)
+    newer = once.set_column(once.column_names.index("ts_t"), "ts_t", pa.array([9], pa.int64()))
+    assert bulk.merge_stored_window(store, destination, pa.concat_tables([newer, once])) == 1
+    assert only_row(store, destination).cells["t"] == Cell("a", 9)
+
+
+def test_the_window_statements_probe_the_range():
+    spec = TableSpec(uuid.uuid4().hex, KEYS[0], KEYS[1], REGULAR)
+    assert "ON CONFLICT" not in bulk.sqlite_stored_insert_sql(spec)
+    assert "token >= ?1 AND token <= ?2" in bulk.sqlite_range_probe_sql(spec)
+
+
+def test_a_kept_child_connection_follows_a_database_replaced_at_its_path(tmp_path):
+    path = tmp_path / "node.db"
+    for _ in range(2):  # the second store is a new file at the same path
+        with NodeStore(f"sqlite:///{path}") as store:
+            source, destination = new_table(store), new_table(store)
+            _mixed_rows(store, source, count=5)
+            assert bulk.merge_stored_window(store, destination, stored(store, source)) == 5
+            assert len(store.scan(destination.table_id, *EVERYTHING, include_tombstones=True)) == 5
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
