@@ -154,7 +154,7 @@ def position_in(replicas: tuple[Replica, ...], transition: TabletTransition | No
     return len(replicas) if transition.kind == ADD else replicas.index(transition.leaving)
 
 
-def paired_positions(pair: int, base_count: int, view_count: int) -> range | tuple[int, ...]:
+def paired_positions(pair: int, base_count: int, view_count: int) -> tuple[int, ...]:
     """The view replica positions the base replica at position `pair` feeds, for a base tablet of `base_count`
     replicas and a view tablet of `view_count`: its own position, and base position 0 also every view position
     no base replica holds (while an RF change has given the view tablet more replicas than the base one)."""
