@@ -74,11 +74,46 @@ def assert_every_node_scans(cluster: LocalCluster, ks: str, expected: dict[tuple
                              f"{sorted(set(want) - set(got))[:5]}, extra {sorted(set(got) - set(want))[:5]}")
 
 
-class Writer:
-    """Updates, inserts and deletes from another thread until stopped; `expected` is the table it leaves."""
+class Writers:
+    """Two clients writing at once (`Writer`s on disjoint keys); `expected` is the table they leave."""
 
     def __init__(self, cluster: LocalCluster, ks: str, expected: dict[tuple[int, int], str], seed: int):
+        self._base = dict(expected)
+        self._writers = [Writer(cluster, ks, expected, seed, range(0, 200)),
+                         Writer(cluster, ks, expected, seed + 1, range(200, 400))]
+
+    def __enter__(self) -> Writers:
+        for writer in self._writers:
+            writer.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for writer in self._writers:
+            writer.__exit__(*exc_info)
+
+    @property
+    def error(self) -> Exception | None:
+        return next((w.error for w in self._writers if w.error is not None), None)
+
+    @property
+    def writes(self) -> int:
+        return min(w.writes for w in self._writers)
+
+    @property
+    def expected(self) -> dict[tuple[int, int], str]:
+        low, high = self._writers
+        return {**{k: v for k, v in low.expected.items() if k[0] < 200},
+                **{k: v for k, v in high.expected.items() if k[0] >= 200}}
+
+
+class Writer:
+    """A client's updates, inserts and deletes from another thread until stopped, on partition keys in `keys` (so
+    that clients running at once touch different rows); `expected` is the table it leaves."""
+
+    def __init__(self, cluster: LocalCluster, ks: str, expected: dict[tuple[int, int], str], seed: int,
+                 keys: range = range(400)):
         self._cluster, self._ks, self.expected = cluster, ks, dict(expected)
+        self._keys = keys
         self._rng = random.Random(seed)
         self._stop = threading.Event()
         self.writes = 0
@@ -101,13 +136,13 @@ class Writer:
             self.error = error
 
     def _one_write(self) -> None:
-        key, c = self._rng.randrange(400), self._rng.randrange(10)
+        key, c = self._rng.choice(self._keys), self._rng.randrange(10)
         table = f"{self._ks}.tab"
         if self._rng.random() < 0.3:
             run(self._cluster, f"DELETE FROM {table} WHERE key = {key} AND c = {c}")
             self.expected.pop((key, c), None)
         else:
-            value = f"w{self.writes}"
+            value = f"w{self._keys.start}-{self.writes}"
             run(self._cluster, f"INSERT INTO {table} (key, c, v) VALUES ({key}, {c}, '{value}')")
             self.expected[(key, c)] = value
         self.writes += 1
@@ -125,7 +160,7 @@ def test_a_tablet_moves_during_a_build_with_concurrent_writes(cluster):
     with injected(cluster, "worker_pause_build_range", NODES):
         create_view(cluster, ks)
         wait_hit(cluster, "worker_pause_build_range", source)
-        with Writer(cluster, ks, expected, seed=1) as writer:
+        with Writers(cluster, ks, expected, seed=1) as writer:
             result = move(cluster, f"{ks}.tab", 0, source, other(source))
         assert writer.error is None and writer.writes > 0, writer.error
         assert result["state"] == "done", result
@@ -198,7 +233,7 @@ def test_a_split_then_two_merges_during_a_build_with_concurrent_writes(cluster):
     with injected(cluster, "worker_pause_build_range", NODES):
         create_view(cluster, ks)
         wait_hit(cluster, "worker_pause_build_range", holder_of(cluster, f"{ks}.tab", 0))
-        with Writer(cluster, ks, expected, seed=4) as writer:
+        with Writers(cluster, ks, expected, seed=4) as writer:
             assert resize(cluster, f"{ks}.tab", merge=False) == 4
             assert resize(cluster, f"{ks}.tab", merge=True) == 2
             assert resize(cluster, f"{ks}.tab", merge=True) == 1
