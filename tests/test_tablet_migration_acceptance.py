@@ -78,7 +78,6 @@ class Writers:
     """Two clients writing at once (`Writer`s on disjoint keys); `expected` is the table they leave."""
 
     def __init__(self, cluster: LocalCluster, ks: str, expected: dict[tuple[int, int], str], seed: int):
-        self._base = dict(expected)
         self._writers = [Writer(cluster, ks, expected, seed, range(0, 200)),
                          Writer(cluster, ks, expected, seed + 1, range(200, 400))]
 
