@@ -225,11 +225,13 @@ class InternodeTransport:
         return TabletRowsCall(node, table_id, call)
 
     def schema_agreement(self, nodes: list[str], version: int,
-                         timeout: float = SCHEMA_AGREEMENT_TIMEOUT, schema_only: bool = True) -> list[str]:
+                         timeout: float = SCHEMA_AGREEMENT_TIMEOUT, schema_only: bool = True,
+                         view_updates: bool = False) -> list[str]:
         """Wait, up to `timeout` in all, until each of `nodes` has applied schema `version` (its SchemaBarrier; and,
         unless `schema_only`, finished every write begun under an older version); "node: why" for each that did
         not confirm (unreachable, or still applying when the time was up)."""
-        request = pb.SchemaBarrierRequest(schema_version=version, timeout=timeout, schema_only=schema_only)
+        request = pb.SchemaBarrierRequest(schema_version=version, timeout=timeout, schema_only=schema_only,
+                                          view_updates=view_updates)
         calls, problems = {}, {}
         for node in nodes:
             try:
@@ -247,8 +249,9 @@ class InternodeTransport:
 
 
     def write_barrier(self, nodes: list[str], version: int, timeout: float) -> list[str]:
-        """`schema_agreement` that also waits for the writes each node began under older versions."""
-        return self.schema_agreement(nodes, version, timeout, schema_only=False)
+        """`schema_agreement` that also waits for the writes each node began under older versions, and for the
+        view updates they queued to be delivered."""
+        return self.schema_agreement(nodes, version, timeout, schema_only=False, view_updates=True)
 
 
 def _barrier_failure(error: grpc.RpcError, timeout: float) -> str:

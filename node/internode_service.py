@@ -28,6 +28,7 @@ class InternodeDeps:
     wait_schema_applied: Callable[[int, float], None]
     wait_schema_version: Callable[[int, float], None]
     open_calls: OpenCalls
+    wait_view_updates: Callable[[float], None] = lambda timeout: None  # delivered: those queued so far
     raft_term: Callable[[], int] = lambda: 0  # this node's Raft term: StreamTablet/CleanupTablet fence on it
 
 
@@ -73,6 +74,8 @@ class InternodeService(rpc.InternodeServicer):
             self._deps.wait_schema_version(request.schema_version, request.timeout or 30.0)
         else:
             self._deps.wait_schema_applied(request.schema_version, request.timeout or 30.0)
+        if request.view_updates:
+            self._deps.wait_view_updates(request.timeout or 30.0)
         return self._deps.local_status()
 
     @unary

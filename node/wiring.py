@@ -57,6 +57,7 @@ log = logging.getLogger("node.wiring")
 
 DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
+VIEW_UPDATE_POLL = 0.05  # a migration barrier waiting for the outbox's older entries to be delivered
 # The store's WAL is checkpointed in the background (NodeStore.checkpoint) after this many write transactions, or
 # after any once this much time passed, looked at every WAL_CHECKPOINT_INTERVAL seconds.
 WAL_CHECKPOINT_INTERVAL = 0.5
@@ -141,7 +142,8 @@ class Node:
         self.ledger = FinishedTaskLedger.for_data_dir(self.data_dir)
         self.build_job = BuildJob(self.node_id, self.store, self.spark, self.group0.read,
                                   lambda version: self.wait_schema_applied(version, SCHEMA_WAIT_TIMEOUT),
-                                  self.endpoint.merge_view_rows, self.injections)
+                                  self.endpoint.merge_view_rows, self.injections,
+                                  track_write=lambda: self.inflight.track(self.schema_version))
         self._parallel_batches = max(2, config.shards)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
                                      self.build_job, lambda: self.group0.term, max_parallel=self._parallel_batches)
@@ -228,6 +230,7 @@ class Node:
         rpc.add_InternodeServicer_to_server(InternodeService(InternodeDeps(
             replica=self.local, observe_timestamp=self.observe_timestamp, local_status=self.local_status,
             wait_schema_applied=self.wait_schema_applied, wait_schema_version=self.wait_schema_version,
+            wait_view_updates=self.wait_view_updates_delivered,
             open_calls=self._internode_calls, raft_term=lambda: self.group0.term)), server)
         rpc.add_WorkerServicer_to_server(
             WorkerService(self.worker, self.catch_up_index, self.injections), server)
@@ -414,6 +417,17 @@ class Node:
         if not self.inflight.wait_applied(version, self.schema_version, timeout):
             raise Unavailable(f"node {self.node_id} did not apply schema version {version} within {timeout:g}s "
                               "(writes started under an older schema are still running)")
+
+    def wait_view_updates_delivered(self, timeout: float) -> None:
+        """Deliver the view updates queued so far (flushing the outbox meanwhile); Unavailable after `timeout`."""
+        upto = self.store.outbox_last_id()
+        deadline = time.monotonic() + timeout
+        while self.store.outbox_holds_upto(upto):
+            if time.monotonic() >= deadline or self._stopping.is_set():
+                raise Unavailable(f"node {self.node_id} still holds view updates queued before this barrier after "
+                                  f"{timeout:g}s (a view replica it sends to is unreachable?)")
+            self.local.flush_outbox()
+            self._stopping.wait(VIEW_UPDATE_POLL)
 
     def wait_schema_version(self, version: int, timeout: float) -> None:
         if not self.inflight.wait_version(version, self.schema_version, timeout):

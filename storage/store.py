@@ -940,6 +940,17 @@ class NodeStore:
                 chunk = ids[start:start + MAX_PARAMS_PER_STATEMENT]
                 conn.execute(self._outbox.delete().where(self._outbox.c.id.in_(chunk)))
 
+    def outbox_last_id(self) -> int:
+        """The id of the newest outbox entry ever queued that is still there, 0 when the outbox is empty."""
+        with self._read() as conn:
+            return conn.execute(sa.select(sa.func.max(self._outbox.c.id))).scalar_one() or 0
+
+    def outbox_holds_upto(self, upto_id: int) -> bool:
+        """Whether an unacknowledged entry with an id up to `upto_id` is left."""
+        statement = sa.select(self._outbox.c.id).where(self._outbox.c.id <= upto_id).limit(1)
+        with self._read() as conn:
+            return conn.execute(statement).first() is not None
+
     def outbox_size(self) -> int:
         with self._read() as conn:
             return conn.execute(sa.select(sa.func.count()).select_from(self._outbox)).scalar_one()

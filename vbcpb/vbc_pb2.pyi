@@ -671,14 +671,16 @@ class ArrowChunk(_message.Message):
     def __init__(self, table_id: _Optional[str] = ..., shard: _Optional[int] = ..., schema_version: _Optional[int] = ..., ipc: _Optional[bytes] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class SchemaBarrierRequest(_message.Message):
-    __slots__ = ("schema_version", "timeout", "schema_only")
+    __slots__ = ("schema_version", "timeout", "schema_only", "view_updates")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_ONLY_FIELD_NUMBER: _ClassVar[int]
+    VIEW_UPDATES_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     timeout: float
     schema_only: bool
-    def __init__(self, schema_version: _Optional[int] = ..., timeout: _Optional[float] = ..., schema_only: _Optional[bool] = ...) -> None: ...
+    view_updates: bool
+    def __init__(self, schema_version: _Optional[int] = ..., timeout: _Optional[float] = ..., schema_only: _Optional[bool] = ..., view_updates: _Optional[bool] = ...) -> None: ...
 
 class WorkRequest(_message.Message):
     __slots__ = ("term", "shard", "task_ids", "applied_index")

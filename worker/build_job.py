@@ -8,7 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -73,6 +74,15 @@ def build_plan(state, tasks: list[Task], node_id: str) -> BuildPlan:
                      len(base_map.replicas[tablet]))
 
 
+def routed_now(state, plan: BuildPlan) -> BuildPlan:
+    """The plan with the views' destinations as group0 has them now (a view tablet may have started to move, or
+    split, since the batch began); views dropped meanwhile are left out."""
+    views = tuple(v for v in plan.views if v.id in state.tablets)
+    return replace(plan, views=views, view_replicas={v.id: state.tablets[v.id].replicas for v in views},
+                   view_moves={v.id: transitions_of_table(state, v.id) for v in views},
+                   schema_version=state.schema_version)
+
+
 @dataclass
 class BuildStats:
     """Counters of the build jobs of one node (for the status RPC and metrics)."""
@@ -97,7 +107,8 @@ class BuildJob:
     """`run_batch` of the worker executor: the batch's scan, Spark job and merges; returns the rows scanned."""
 
     def __init__(self, node_id: str, store: NodeStore, spark: NodeSpark, read_state: Callable,
-                 wait_writes_before: Callable[[int], None], merge_view_rows: MergeViewRows, injections: Injections):
+                 wait_writes_before: Callable[[int], None], merge_view_rows: MergeViewRows, injections: Injections,
+                 track_write: Callable[[], AbstractContextManager] = nullcontext):
         self._node_id = node_id
         self._store = store
         self._spark = spark
@@ -105,6 +116,9 @@ class BuildJob:
         self._wait_writes_before = wait_writes_before
         self._merge_view_rows = merge_view_rows
         self._injections = injections
+        # the merges of a batch's view rows count as a write routed under the version they read their destinations
+        # at: a tablet migration's barrier waits for them (replica.write_path does the same for base writes)
+        self._track_write = track_write
         self.stats = BuildStats()
 
     def __call__(self, start: StartBatch, control: BatchControl) -> int:
@@ -132,11 +146,13 @@ class BuildJob:
         per_view = compute_view_rows(frame(), plan.base, plan.views)
         self.stats.add(spark_jobs=1)
         computed = time.perf_counter()
-        for view in plan.views:
-            if control.cancelled.is_set():
-                raise BatchCancelled()
-            if any(t.view_id == view.id for t in control.live_tasks()):
-                self._deliver(plan, view, per_view[view.id])
+        with self._track_write():
+            plan = self._read_state(lambda s: routed_now(s, plan))
+            for view in plan.views:
+                if control.cancelled.is_set():
+                    raise BatchCancelled()
+                if any(t.view_id == view.id for t in control.live_tasks()):
+                    self._deliver(plan, view, per_view[view.id])
         return computed - started, time.perf_counter() - computed
 
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
