@@ -102,9 +102,6 @@ def test_the_balancer_spreads_64_tablets_over_two_new_nodes_during_a_build(clust
     insert_rows(cluster, ks, range(3000))
     expected = {(i // 10, i % 10): str(i) for i in range(3000)}
     assert client.balancer(cluster.addresses())["enabled"]
-    create_view(cluster, ks)
-    cluster.add_node()
-    cluster.add_node()
 
     def even() -> dict | None:
         status = client.balancer(cluster.addresses())
@@ -112,7 +109,12 @@ def test_the_balancer_spreads_64_tablets_over_two_new_nodes_during_a_build(clust
         spread = max(loads.values()) - min(loads.values())
         return status if len(loads) == 5 and spread <= 1 and status["migrations"] == 0 else None
 
-    balanced = wait_until(even, LEAVE_TIMEOUT, "the balancer to spread the replicas over 5 nodes within one")
+    with injected(cluster, "worker_pause_build_range", ["n1", "n2", "n3"]):
+        create_view(cluster, ks)
+        wait_hit(cluster, "worker_pause_build_range", "n1")
+        cluster.add_node()
+        cluster.add_node()
+        balanced = wait_until(even, LEAVE_TIMEOUT, "the balancer to spread the replicas over 5 nodes within one")
     assert sum(balanced["loads"].values()) == 128, balanced
     assert_correct(cluster, ks)
     assert not any(True for _ in client.tablets(cluster.addresses(), f"{ks}.tab") if _.get("stage"))
