@@ -100,10 +100,6 @@ class MigrationDriver:
 
     notify_applied = wake
 
-    def active(self) -> list[str]:
-        with self._cond:
-            return sorted(self._active)
-
     # ---------------------------------------------------------------- the thread
 
     def _run(self) -> None:

@@ -98,9 +98,8 @@ class AdminService(rpc.AdminServicer):
         keyspace, _, name = request.table.partition(".")
         if not keyspace or not name:
             raise InvalidArgument(f"give the table as KEYSPACE.TABLE, got {request.table!r}")
-        table, tablet_map = self._deps.read_state(lambda s: _table_and_tablets(s, keyspace, name))
+        table, tablet_map, moves = self._deps.read_state(lambda s: _tablets_and_moves(s, keyspace, name))
         response = pb.TabletsResponse(table=table.qualified_name, table_id=table.id)
-        moves = self._deps.read_state(lambda s: transitions_of_table(s, table.id))
         for tablet_id, replicas in enumerate(tablet_map.replicas):
             first, last = tablet_range(tablet_id, tablet_map.tablet_count)
             info = pb.TabletInfo(tablet=tablet_id, first_token=first, last_token=last, replicas=[str(r) for r in replicas])
@@ -298,6 +297,12 @@ def migration_info(state, migration_id: str) -> pb.MigrationInfo:
     if result is not None:
         info.state, info.reason = result.outcome, result.reason
     return info
+
+
+def _tablets_and_moves(state, keyspace: str, name: str):
+    """The table, its tablet map and its tablets in transition, from one snapshot."""
+    table, tablet_map = _table_and_tablets(state, keyspace, name)
+    return table, tablet_map, transitions_of_table(state, table.id)
 
 
 def _table_and_tablets(state, keyspace: str, name: str):

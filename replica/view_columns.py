@@ -15,13 +15,13 @@ import pyarrow.compute as pc
 
 from common.arrow_tokens import tablets_of, tokens_of
 from common.replica_messages import RowBatch
-from coordinator.core.migrations import is_filling
+from coordinator.core.migrations import is_filling, paired_targets
 from coordinator.core.schema import Filter, Replica, Table
 from coordinator.core.tokens import tablet_range
 from storage.arrow_layouts import arrow_type, mutation_schema, ts_column_name, value_column_name
 
 from replica.rows import storage_spec
-from replica.view_updates import WriteContext, pair_index, view_targets
+from replica.view_updates import WriteContext, pair_index
 
 _PYTHON_TYPES = {"int": int, "bigint": int, "timestamp": int, "double": float, "text": str, "boolean": bool}
 _INT64 = range(-2 ** 63, 2 ** 63)
@@ -201,7 +201,7 @@ def _per_replica(context: WriteContext, view: Table, mutations: pa.Table, pairs:
             continue
         tablet, rest = divmod(code, width)
         pair, base_count = divmod(rest, count_width)
-        for replica in view_targets(view_map, moves, int(tablet_range(tablet, len(view_map))[0]), pair, base_count):
+        for replica in paired_targets(view_map[tablet], moves.get(tablet), pair, base_count):
             targets.setdefault(replica, []).append(np.flatnonzero(codes == code))
     return [(replica.node, RowBatch(table_id=view.id, shard=replica.shard, rows=(),
                                     schema_version=context.schema_version,

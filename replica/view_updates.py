@@ -15,9 +15,8 @@ from coordinator.core.errors import Unavailable
 from coordinator.core.migrations import (
     TabletTransition,
     is_filling,
-    paired_positions,
+    paired_targets,
     position_in,
-    position_targets,
     transitions_of_table,
 )
 from coordinator.core.schema import Replica, Table
@@ -95,6 +94,4 @@ def view_targets(view_map: tuple[tuple[Replica, ...], ...], moves: dict[int, Tab
     """The view replicas a view row at `token` from base position `pair` (of `base_count`) goes to: the paired
     positions (`migrations.paired_positions`) of the view tablet owning the row, moving replicas included."""
     tablet = tablet_of(token, len(view_map))
-    replicas = view_map[tablet]
-    return tuple(target for position in paired_positions(pair, base_count, len(replicas))
-                 for target in position_targets(replicas[position], moves.get(tablet)))
+    return paired_targets(view_map[tablet], moves.get(tablet), pair, base_count)

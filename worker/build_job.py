@@ -19,9 +19,8 @@ from common.injection import Injections
 from coordinator.core.errors import NotFound
 from coordinator.core.migrations import (
     TabletTransition,
-    paired_positions,
+    paired_targets,
     position_of,
-    position_targets,
     transitions_of_table,
 )
 from coordinator.core.schema import Replica, Table, Task
@@ -182,11 +181,9 @@ def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...
     groups: dict[Replica, list[pa.Table]] = {}
     for tablet in pc.unique(tablets).to_pylist():
         rows = view_rows.filter(pc.equal(tablets, tablet))
-        view_replicas = replicas[tablet]
-        count = len(view_replicas) if base_count is None else base_count
-        for position in paired_positions(pair, count, len(view_replicas)):
-            for destination in position_targets(view_replicas[position], (moves or {}).get(tablet)):
-                groups.setdefault(destination, []).append(rows)
+        count = len(replicas[tablet]) if base_count is None else base_count
+        for destination in paired_targets(replicas[tablet], (moves or {}).get(tablet), pair, count):
+            groups.setdefault(destination, []).append(rows)
     return {replica: pa.concat_tables(parts) for replica, parts in groups.items()}
 
 

@@ -162,6 +162,14 @@ def paired_positions(pair: int, base_count: int, view_count: int) -> tuple[int, 
     return own + tuple(range(max(base_count, 1), view_count)) if pair == 0 else own
 
 
+def paired_targets(view_replicas: tuple[Replica, ...], transition: TabletTransition | None, pair: int,
+                   base_count: int) -> tuple[Replica, ...]:
+    """The replicas of one view tablet that a view row from base position `pair` (of `base_count`) goes to: its
+    paired positions (`paired_positions`), a moving replica's pending one included (`position_targets`)."""
+    return tuple(target for position in paired_positions(pair, base_count, len(view_replicas))
+                 for target in position_targets(view_replicas[position], transition))
+
+
 def makes_view_updates(state: Group0State, table_id: str, tablet_id: int, node_id: str) -> bool:
     """False for the pending replica of a tablet until reads switch to it: its rows are still arriving."""
     return not is_filling(transition_of(state, table_id, tablet_id), node_id)
