@@ -11,11 +11,13 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from coordinator.core.errors import InvalidArgument
+from coordinator.core.schema import Filter
 from storage.cells import Cell, Row
+from storage.reads import Aggregate
 from vbcpb import vbc_pb2 as pb
 
 from common.arrow_stream import ipc_pieces, table_from_pieces
-from common.replica_messages import DEFAULT_PAGE_SIZE, RowBatch, ScanPage, ScannedRow, ScanRequest
+from common.replica_messages import DEFAULT_PAGE_SIZE, RowBatch, ScanPage, ScanRequest
 
 
 def value_to_proto(value: object) -> pb.Value:
@@ -103,22 +105,75 @@ def batch_from_proto_bytes(payload: bytes) -> RowBatch:
 
 
 def scan_request_to_proto(request: ScanRequest) -> pb.ScanRequest:
-    return pb.ScanRequest(table_id=request.table_id, first_token=request.first_token,
-                          last_token=request.last_token, limit=request.limit or 0, page_size=request.page_size,
-                          partition_key=[value_to_proto(v) for v in request.partition_key or ()])
+    message = pb.ScanRequest(
+        table_id=request.table_id, first_token=request.first_token, last_token=request.last_token,
+        limit=request.limit or 0, page_size=request.page_size,
+        partition_key=[value_to_proto(v) for v in request.partition_key or ()],
+        columns=list(request.columns or ()),
+        filters=[pb.ScanFilter(column=f.column, op=f.op, values=_filter_values(f)) for f in request.filters],
+        aggregates=[pb.ScanAggregate(function=a.function, column=a.column or "") for a in request.aggregates])
+    if request.after is not None:
+        message.has_after = True
+        message.after_token = request.after[0]
+        message.after_key.extend(value_to_proto(v) for v in request.after[1])
+    return message
+
+
+def _filter_values(term: Filter) -> list[pb.Value]:
+    if term.op == "IS NOT NULL":
+        return []
+    return [value_to_proto(v) for v in (term.value if term.op == "IN" else (term.value,))]
 
 
 def scan_request_from_proto(message: pb.ScanRequest) -> ScanRequest:
     partition_key = tuple(value_from_proto(v) for v in message.partition_key)
+    after = None
+    if message.has_after:
+        after = (message.after_token, tuple(value_from_proto(v) for v in message.after_key))
     return ScanRequest(table_id=message.table_id, first_token=message.first_token,
                        last_token=message.last_token, partition_key=partition_key or None,
-                       limit=message.limit or None, page_size=message.page_size or DEFAULT_PAGE_SIZE)
+                       limit=message.limit or None, page_size=message.page_size or DEFAULT_PAGE_SIZE,
+                       after=after, columns=tuple(message.columns) or None,
+                       filters=tuple(_filter_from_proto(f) for f in message.filters),
+                       aggregates=tuple(Aggregate(a.function, a.column or None) for a in message.aggregates))
+
+
+def _filter_from_proto(message: pb.ScanFilter) -> Filter:
+    values = tuple(value_from_proto(v) for v in message.values)
+    if message.op == "IS NOT NULL":
+        return Filter(message.column, message.op, None)
+    if message.op == "IN":
+        return Filter(message.column, message.op, values)
+    if len(values) != 1:
+        raise InvalidArgument(f"scan filter {message.column} {message.op} needs one value, got {len(values)}")
+    return Filter(message.column, message.op, values[0])
 
 
 def scan_page_to_proto(page: ScanPage) -> pb.ScanPage:
-    return pb.ScanPage(rows=[pb.ScanRow(token=r.token, values=[value_to_proto(v) for v in r.values])
-                             for r in page.rows])
+    if page.partials is not None:
+        return pb.ScanPage(partials=[values_to_proto(p) for p in page.partials])
+    return pb.ScanPage(arrow=batch_ipc(page.batch))
 
 
 def scan_page_from_proto(message: pb.ScanPage) -> ScanPage:
-    return ScanPage(tuple(ScannedRow(r.token, tuple(value_from_proto(v) for v in r.values)) for r in message.rows))
+    if message.arrow:
+        return ScanPage(batch=batch_from_ipc(message.arrow))
+    return ScanPage(partials=[values_from_proto(p) for p in message.partials])
+
+
+def batch_ipc(batch: pa.RecordBatch) -> bytes:
+    """One record batch as Arrow IPC stream bytes."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def batch_from_ipc(data: bytes) -> pa.RecordBatch:
+    """The record batch of `batch_ipc` bytes (an empty stream: an empty batch of its schema)."""
+    reader = pa.ipc.open_stream(data)
+    batches = list(reader)
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches, schema=reader.schema).combine_chunks().to_batches()[0] if batches else \
+        pa.RecordBatch.from_pylist([], schema=reader.schema)

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from coordinator.core.schema import Filter
 from storage.cells import Row
+from storage.reads import Aggregate
 
-DEFAULT_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 10_000
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,10 @@ class RowBatch:
 class ScanRequest:
     """Live rows of one replica with first_token <= token <= last_token, in (token, primary key) order.
 
-    `partition_key` (the partition key values) restricts the scan to one partition; `limit` None reads all.
+    `partition_key` (the partition key values) restricts the scan to one partition; `after` = (token, key or key
+    prefix) resumes strictly after that row; `filters` are WHERE terms every row satisfies; `limit` None reads all.
+    `columns` names the columns of each page (after `token`; None: every column). With `aggregates`, the answer is
+    one page of partial aggregates (`storage.reads.aggregate`) instead of rows.
     """
 
     table_id: str
@@ -53,16 +58,15 @@ class ScanRequest:
     partition_key: tuple | None = None
     limit: int | None = None
     page_size: int = DEFAULT_PAGE_SIZE
-
-
-@dataclass(frozen=True)
-class ScannedRow:
-    """One live row as a reader sees it: its token and every column value in schema order (None for null)."""
-
-    token: int
-    values: tuple
+    after: tuple[int, tuple] | None = None
+    columns: tuple[str, ...] | None = None
+    filters: tuple[Filter, ...] = ()
+    aggregates: tuple[Aggregate, ...] = ()
 
 
 @dataclass(frozen=True)
 class ScanPage:
-    rows: tuple[ScannedRow, ...]
+    """Rows as an Arrow record batch (`token`, then the requested columns), or the partial aggregates."""
+
+    batch: pa.RecordBatch | None = None
+    partials: list | None = None

@@ -139,17 +139,38 @@ class Delete:
     timestamp: int | None
 
 
+AGGREGATE_FUNCTIONS = ("count", "min", "max", "sum", "avg")
+
+
+@dataclass(frozen=True)
+class SelectAggregate:
+    """An aggregate in a SELECT list: ``function`` of AGGREGATE_FUNCTIONS; ``column`` None for COUNT(*)."""
+
+    function: str
+    column: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The result column's name, as Cassandra names it (``count``, ``max(v)``)."""
+        return "count" if self.column is None else f"{self.function}({self.column})"
+
+
 @dataclass(frozen=True)
 class Select:
-    """SELECT; ``columns`` is None for ``*`` and ``count`` is True for COUNT(*)."""
+    """SELECT; ``columns`` is None for ``*`` or when ``aggregates`` (then one result row) are selected."""
 
     table: QualifiedName
     columns: tuple[str, ...] | None
-    count: bool
     where: tuple[Relation, ...]
     limit: int | None
     allow_filtering: bool
     allow_stale: bool
+    aggregates: tuple[SelectAggregate, ...] = ()
+
+    @property
+    def count(self) -> bool:
+        """Whether this is SELECT COUNT(*) (and nothing else)."""
+        return self.aggregates == (SelectAggregate("count"),)
 
 
 @dataclass(frozen=True)

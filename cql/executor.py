@@ -43,18 +43,28 @@ class Executor:
         self._prepared.add(prepared)
         return prepared
 
-    def execute(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "") -> Result:
-        pages = list(self.execute_pages(text, page_size=None, params=params, prepared_id=prepared_id))
-        if len(pages) == 1:
-            return pages[0]
-        return Result(columns=pages[0].columns, rows=[r for p in pages for r in p.rows])
+    def execute(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "",
+                page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None) -> Result:
+        """`answer`, with a SELECT's rows as lists in `rows` too."""
+        return _with_rows(self.answer(text, params, prepared_id, page_size, paging_state, deadline))
+
+    def answer(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "",
+               page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None) -> Result:
+        """One Result: a SELECT's every row (without `page_size`), or its page from `paging_state` on."""
+        pages = self.execute_pages(text, page_size, params, prepared_id, paging_state, deadline)
+        try:
+            return next(pages)
+        finally:
+            pages.close()
 
     def execute_pages(self, text: str, page_size: int | None, params: list[list] | ArrowValues | None = None,
-                      prepared_id: str = "") -> Iterator[Result]:
+                      prepared_id: str = "", paging_state: bytes = b"",
+                      deadline: float | None = None) -> Iterator[Result]:
         """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set.
 
         Value sets given as Arrow columns (their sizes checked by the caller) feed a prepared INSERT as one
-        columnar write; everything else gets them as rows."""
+        columnar write; everything else gets them as rows. A SELECT answers pages of `page_size` rows from
+        `paging_state` on; `deadline` (time.monotonic) bounds its reads."""
         arrow = params if isinstance(params, ArrowValues) else None
         statement = self._statement(text, None if arrow else params, prepared_id)
         kind = type(statement).__name__
@@ -67,7 +77,7 @@ class Executor:
             if len(statements) > 1:
                 raise InvalidArgument(f"{kind} takes at most one set of bind values, got {len(statements)}")
             if isinstance(statement, ast.Select):
-                yield from self._selects.run(statements[0], page_size)
+                yield from self._selects.run(statements[0], page_size, paging_state, deadline)
                 return
             yield self._schema.run(statements[0])
 
@@ -130,6 +140,12 @@ class Executor:
     def _find(self, name: ast.QualifiedName) -> Table | None:
         keyspace = keyspace_of(name)
         return self._catalog.read(lambda s: s.find_table(keyspace, name.name))
+
+
+def _with_rows(result: Result) -> Result:
+    if result.arrow is not None and not result.rows:
+        result.rows = result.row_values()
+    return result
 
 
 @functools.lru_cache(maxsize=4096)

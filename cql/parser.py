@@ -17,6 +17,8 @@ from coordinator.core.errors import InvalidArgument
 from .limits import MAX_LIMIT
 
 from .ast import (
+    AGGREGATE_FUNCTIONS,
+    SelectAggregate,
     AlterKeyspace,
     AlterTable,
     Batch,
@@ -116,7 +118,15 @@ class _Marker:
 
 
 _STAR = _Marker("*")
-_COUNT_STAR = _Marker("COUNT(*)")
+
+
+class _Aggregates:
+    """The aggregates of a SELECT list (then it selects no plain column)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple) -> None:
+        self.items = items
 
 
 def _fail(reason: str, at: Any = None) -> NoReturn:
@@ -359,8 +369,25 @@ class _Builder(Transformer):
     def star(self, c: list[Any]) -> _Marker:
         return _STAR
 
-    def count_star(self, c: list[Any]) -> _Marker:
-        return _COUNT_STAR
+    def function_name(self, c: list[Any]) -> _At:
+        item = c[0]
+        return _At(item.value.lower(), item.line, item.column)
+
+    def aggregate_argument(self, c: list[Any]) -> _At:
+        item = c[0]
+        if isinstance(item, Token):
+            return _At(None if item.value == "*" else item.value, item.line, item.column)
+        return item
+
+    def aggregate_call(self, c: list[Any]) -> SelectAggregate:
+        name, argument = c
+        if name.value not in AGGREGATE_FUNCTIONS:
+            _fail(f"unknown function {name.value!r}; the aggregates are {', '.join(AGGREGATE_FUNCTIONS)}", name)
+        if name.value == "count" and (argument.value is None or argument.value == "1"):
+            return SelectAggregate("count")
+        if argument.value is None or argument.value.lstrip("-").isdigit():
+            _fail(f"{name.value}() takes a column name", argument)
+        return SelectAggregate(name.value, argument.value)
 
     def column_list(self, c: list[Any]) -> list[_At]:
         return _present(c)
@@ -369,8 +396,13 @@ class _Builder(Transformer):
         item = c[0]
         return item.value.lower() if isinstance(item, Token) else item.value
 
-    def select_column_list(self, c: list[Any]) -> tuple[str, ...]:
-        return tuple(x for x in c if isinstance(x, str))
+    def select_column_list(self, c: list[Any]) -> tuple[str, ...] | _Aggregates:
+        aggregates = tuple(x for x in c if isinstance(x, SelectAggregate))
+        if not aggregates:
+            return tuple(x for x in c if isinstance(x, str))
+        if len(aggregates) != len(c):
+            _fail("a SELECT list cannot mix aggregates with plain columns (there is no GROUP BY); select either")
+        return _Aggregates(aggregates)
 
     def create_view(self, c: list[Any]) -> CreateView:
         ine, view, columns, base, where, pk = c
@@ -470,8 +502,8 @@ class _Builder(Transformer):
             seen.add(allow.value)
         return Select(
             table=_qual(table),
-            columns=None if isinstance(columns, _Marker) else columns,
-            count=columns is _COUNT_STAR,
+            columns=None if isinstance(columns, (_Marker, _Aggregates)) else columns,
+            aggregates=columns.items if isinstance(columns, _Aggregates) else (),
             where=where or (),
             limit=limit,
             allow_filtering="ALLOW FILTERING" in seen,

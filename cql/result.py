@@ -1,30 +1,36 @@
 """What a statement returns to the client: rows with their columns, or an acknowledgement message."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from storage.arrow_layouts import arrow_type
 
 
 @dataclass
 class Result:
-    """Rows with their columns (name, type), or an acknowledgement message."""
+    """Rows with their columns (name, type), or an acknowledgement message.
+
+    A SELECT's rows come as `arrow` (a record batch of the selected columns) rather than `rows`; `row_values()`
+    gives either as lists. `paging_state` is set when more rows may follow this page; `plan` says how a SELECT
+    read its rows."""
 
     columns: list[tuple[str, str]] = field(default_factory=list)
     rows: list[list] = field(default_factory=list)
     message: str = ""
+    arrow: pa.RecordBatch | None = None
+    paging_state: bytes = b""
+    plan: str = ""
 
+    def as_arrow(self) -> pa.RecordBatch | None:
+        """The rows as a record batch (None for an answer without columns)."""
+        if self.arrow is not None or not self.columns:
+            return self.arrow
+        arrays = [pa.array([row[i] for row in self.rows], arrow_type(kind)) for i, (_, kind) in enumerate(self.columns)]
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([(n, arrow_type(k)) for n, k in self.columns]))
 
-def paged(columns: list, rows: Iterator[list], page_size: int | None) -> Iterator[Result]:
-    """`rows` cut into Results of at most `page_size` rows (one Result when no page size); never zero Results."""
-    if not page_size:
-        yield Result(columns=columns, rows=list(rows))
-        return
-    page: list = []
-    sent = False
-    for row in rows:
-        page.append(row)
-        if len(page) >= page_size:
-            yield Result(columns=columns, rows=page)
-            page, sent = [], True
-    if page or not sent:
-        yield Result(columns=columns, rows=page)
+    def row_values(self) -> list[list]:
+        if self.arrow is None:
+            return self.rows
+        return [list(row) for row in zip(*(column.to_pylist() for column in self.arrow.columns))]

@@ -1,8 +1,10 @@
 """The Client gRPC service: statements in, rows or messages out."""
 from __future__ import annotations
 
+import time
+
 from common.arrow_values import decode_table, longest_string_bytes, plain_columns
-from common.codec import values_from_proto, values_to_proto
+from common.codec import batch_ipc, values_from_proto, values_to_proto
 from common.open_calls import OpenCalls
 from common.status import streaming, unary
 from coordinator.core.errors import InvalidArgument
@@ -12,6 +14,10 @@ from cql.limits import Limits
 from cql.result import Result
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
+
+STREAM_PAGE_ROWS = 1000  # ExecuteStream's page size when the request names none
+DEADLINE_MARGIN_S = 1.0
+DEADLINE_NONE_ABOVE_S = 365 * 24 * 3600.0  # a deadline this far away is no deadline
 
 
 class ClientService(rpc.ClientServicer):
@@ -24,23 +30,25 @@ class ClientService(rpc.ClientServicer):
 
     @unary
     def Execute(self, request, context):
-        return self._execute(request)
+        return self._execute(request, context)
 
     def Session(self, request_iterator, context):
         return self._open_calls.answers(
             self, request_iterator, context, lambda request: pb.SessionAnswer(response=self._execute(request)),
             lambda code, message: pb.SessionAnswer(error_code=code, error_message=message))
 
-    def _execute(self, request: pb.ExecuteRequest) -> pb.ExecuteResponse:
+    def _execute(self, request: pb.ExecuteRequest, context=None) -> pb.ExecuteResponse:
         params = _params(request, self._executor.limits)
-        return _response(self._executor.execute(request.statement, params, request.prepared_id))
+        result = self._executor.answer(request.statement, params, request.prepared_id, request.page_size or None,
+                                       request.paging_state, deadline_of(context))
+        return _response(result, request.arrow_results)
 
     @streaming
     def ExecuteStream(self, request, context):
         params = _params(request, self._executor.limits)
-        for page in self._executor.execute_pages(request.statement, request.page_size or 1000, params,
-                                                 request.prepared_id):
-            yield _response(page)
+        for page in self._executor.execute_pages(request.statement, request.page_size or STREAM_PAGE_ROWS, params,
+                                                 request.prepared_id, request.paging_state, deadline_of(context)):
+            yield _response(page, request.arrow_results)
 
     @unary
     def Prepare(self, request, context):
@@ -51,12 +59,24 @@ class ClientService(rpc.ClientServicer):
                                   bind_columns=[pb.Column(name=c.name, type=c.type) for c in prepared.bind_columns])
 
 
-def _response(result: Result) -> pb.ExecuteResponse:
-    return pb.ExecuteResponse(
-        columns=[pb.Column(name=n, type=t) for n, t in result.columns],
-        rows=[values_to_proto(r) for r in result.rows],
-        message=result.message,
-    )
+def deadline_of(context) -> float | None:
+    """The time.monotonic() by which a statement should answer: a little before the caller's deadline, so that a
+    read running late answers DEADLINE_EXCEEDED with its own message rather than the caller's bare timeout."""
+    remaining = context.time_remaining() if context is not None else None
+    if remaining is None or remaining > DEADLINE_NONE_ABOVE_S:
+        return None
+    return time.monotonic() + remaining - min(DEADLINE_MARGIN_S, remaining * 0.1)
+
+
+def _response(result: Result, arrow_results: bool) -> pb.ExecuteResponse:
+    response = pb.ExecuteResponse(columns=[pb.Column(name=n, type=t) for n, t in result.columns],
+                                  message=result.message, paging_state=result.paging_state, plan=result.plan)
+    rows = result.as_arrow() if arrow_results else None
+    if rows is not None:
+        response.arrow_rows = batch_ipc(rows)
+    else:
+        response.rows.extend(values_to_proto(r) for r in result.row_values())
+    return response
 
 
 def _params(request: pb.ExecuteRequest, limits: Limits) -> list[list] | ArrowValues | None:

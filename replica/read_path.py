@@ -1,17 +1,26 @@
-"""The coordinating side of a read: one replica per tablet, merged in (token, primary key) order."""
+"""The coordinating side of a read: one replica per tablet, Arrow pages in (token, primary key) order.
+
+Tablets cover disjoint token ranges, so a full scan is the tablets' pages one after another in token order: no
+merge. Partitions named by '='/IN are read in token order too; only partitions sharing a token (a hash collision)
+are merged by primary key. Aggregates are computed by each replica in SQL and combined here.
+"""
 from __future__ import annotations
 
-import heapq
 import itertools
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from common.replica_messages import ScanPage, ScannedRow, ScanRequest
-from coordinator.core.errors import CoreError, NotFound, Unavailable
+import pyarrow as pa
+
+from common.replica_messages import DEFAULT_PAGE_SIZE, ScanPage, ScanRequest
+from coordinator.core.errors import CoreError, DeadlineExceeded, NotFound, Unavailable
 from coordinator.core.migrations import read_replicas
-from coordinator.core.schema import Replica, Table
+from coordinator.core.schema import Filter, Replica, Table
 from coordinator.core.tokens import tablet_of, tablet_range
 from coordinator.core.types import sort_key
+from storage.reads import Aggregate, combine
 
 from replica.rows import partition_token
 from replica.transport import ReplicaTransport, describe
@@ -22,38 +31,118 @@ class LocalScans(Protocol):
         """The pages of a scan of this node's replica."""
 
 
+@dataclass(frozen=True)
+class ReadQuery:
+    """What to read of one table: `columns` (after `token`), every partition or the `partitions` named (partition
+    key values), rows satisfying `filters`, strictly after `after` = (token, primary key), at most `limit` rows.
+
+    `deadline` (time.monotonic) bounds the whole read: past it the read stops with DEADLINE_EXCEEDED saying how far
+    it got; `doing` names the read in that message."""
+
+    columns: tuple[str, ...]
+    partitions: list[tuple] | None = None
+    filters: tuple[Filter, ...] = ()
+    after: tuple[int, tuple] | None = None
+    limit: int | None = None
+    page_rows: int = DEFAULT_PAGE_SIZE
+    deadline: float | None = None
+    doing: str = "reading"
+
+
+@dataclass(frozen=True)
+class _Range:
+    """One replica read of a query: a token range (a tablet, or one partition's token) and its replicas."""
+
+    request: ScanRequest
+    replicas: tuple[Replica, ...]
+
+
 class ReadCoordinator:
     """Reads rows of a table or view from the replicas, one replica per tablet, falling back to the next."""
 
-    def __init__(self, node_id: str, read_state: Callable, local: LocalScans, transport: ReplicaTransport):
+    def __init__(self, node_id: str, read_state: Callable, local: LocalScans, transport: ReplicaTransport,
+                 clock: Callable[[], float] = time.monotonic):
         self.node_id = node_id
         self._read_state = read_state
         self._local = local
         self._transport = transport
+        self._clock = clock
 
-    def rows(self, table: Table, partitions: list[tuple] | None = None, limit: int | None = None) -> Iterator[tuple]:
-        """Rows as tuples of every column value (schema order), sorted by (token, primary key).
+    def pages(self, table: Table, query: ReadQuery) -> Iterator[pa.RecordBatch]:
+        """The rows as record batches (`token`, then `query.columns`), in (token, primary key) order."""
+        ranges = self._ranges(table, query)
+        remaining = query.limit
+        for position, group in enumerate(ranges):
+            self._check_deadline(query, f"{position} of {len(ranges)} token ranges read")
+            limit = remaining
+            batches = (self._merged(table, group, limit) if len(group) > 1
+                       else self._range_pages(replace(group[0].request, limit=limit), group[0].replicas))
+            for batch in batches:
+                self._check_deadline(query, f"{position} of {len(ranges)} token ranges read")
+                if remaining is not None:
+                    batch = batch.slice(0, remaining)
+                    remaining -= batch.num_rows
+                if batch.num_rows:
+                    yield batch
+                if remaining == 0:
+                    return
 
-        With `partitions` (partition key values), only those partitions are read; otherwise every tablet.
-        `limit` caps the rows read from each tablet or partition (the caller still applies its own limit).
-        """
+    def aggregate(self, table: Table, query: ReadQuery, aggregates: tuple[Aggregate, ...]) -> list:
+        """The aggregates over the rows of `query` (its columns, after and limit are not used)."""
+        ranges = [r for group in self._ranges(table, query) for r in group]
+        if query.partitions is None:
+            ranges = _coalesced(ranges)
+        partials = []
+        for position, one in enumerate(ranges):
+            self._check_deadline(query, f"{position} of {len(ranges)} token ranges aggregated")
+            request = replace(one.request, aggregates=aggregates)
+            partials.append(next(self._first_replica_pages(request, one.replicas)).partials)
+        types = {c.name: c.type for c in table.columns}
+        return combine(aggregates, types, partials)
+
+    def _ranges(self, table: Table, query: ReadQuery) -> list[list[_Range]]:
+        """The replica reads of `query`, grouped: each group one token (or tablet), groups in token order."""
         layout = self._read_state(lambda s: read_layout(s, table.id))
         if layout is None:
             raise NotFound(f"{table.qualified_name} was dropped while this read was being prepared")
-        count = len(layout)
-        if partitions is None:
-            streams = [self._tablet_rows(ScanRequest(table.id, *tablet_range(i, count), limit=limit), replicas)
-                       for i, replicas in enumerate(layout)]
-        else:
-            streams = []
-            for key in partitions:
-                token = partition_token(table, dict(zip(table.partition_key, key)))
-                request = ScanRequest(table.id, token, token, partition_key=tuple(key), limit=limit)
-                streams.append(self._tablet_rows(request, layout[tablet_of(token, count)]))
-        return merge_by_primary_key(table, streams)
+        template = ScanRequest(table.id, 0, 0, columns=query.columns, filters=query.filters,
+                               page_size=query.page_rows)
+        after_token = None if query.after is None else query.after[0]
+        if query.partitions is None:
+            groups = []
+            for tablet, replicas in enumerate(layout):
+                first, last = tablet_range(tablet, len(layout))
+                if after_token is not None and after_token > last:
+                    continue
+                after = query.after if after_token is not None and after_token >= first else None
+                groups.append([_Range(replace(template, first_token=first, last_token=last, after=after), replicas)])
+            return groups
+        by_token: dict[int, list[_Range]] = {}
+        for key in dict.fromkeys(tuple(k) for k in query.partitions):
+            token = partition_token(table, dict(zip(table.partition_key, key)))
+            if after_token is not None and token < after_token:
+                continue
+            after = query.after if token == after_token else None
+            request = replace(template, first_token=token, last_token=token, partition_key=key, after=after)
+            by_token.setdefault(token, []).append(_Range(request, layout[tablet_of(token, len(layout))]))
+        return [by_token[token] for token in sorted(by_token)]
 
-    def _tablet_rows(self, request: ScanRequest, replicas: tuple[Replica, ...]) -> Iterator[ScannedRow]:
-        """Rows from the first replica that delivers a first page; later pages stream without buffering.
+    def _merged(self, table: Table, group: list[_Range], limit: int | None) -> Iterator[pa.RecordBatch]:
+        """Partitions sharing one token: read whole and ordered by primary key (what a hash collision needs)."""
+        batches = [b for one in group for b in self._range_pages(replace(one.request, limit=limit), one.replicas)]
+        if not batches:
+            return
+        rows = pa.Table.from_batches(batches).combine_chunks()
+        keys = rows.select(list(table.primary_key)).to_pylist()
+        order = sorted(range(rows.num_rows), key=lambda i: tuple(sort_key(keys[i][c]) for c in table.primary_key))
+        yield from rows.take(order).to_batches()
+
+    def _range_pages(self, request: ScanRequest, replicas: tuple[Replica, ...]) -> Iterator[pa.RecordBatch]:
+        for page in self._first_replica_pages(request, replicas):
+            yield page.batch
+
+    def _first_replica_pages(self, request: ScanRequest, replicas: tuple[Replica, ...]) -> Iterator[ScanPage]:
+        """Pages from the first replica that delivers a first page; later pages stream without buffering.
 
         A replica failing before its first page is skipped for the next one (the local replica is tried
         first); a failure after it ends the read, since rows were already handed on.
@@ -66,7 +155,7 @@ class ReadCoordinator:
             except CoreError as error:
                 errors.append(f"{replica.node}: {describe(error)}")
                 continue
-            return _rows_of([] if first is None else [first], pages)
+            return itertools.chain([] if first is None else [first], pages)
         raise Unavailable(f"no replica could serve tokens {request.first_token}..{request.last_token}: "
                           f"{'; '.join(errors)}")
 
@@ -74,6 +163,24 @@ class ReadCoordinator:
         if node == self.node_id:
             return self._local.scan(request)
         return self._transport.scan(node, request)
+
+    def _check_deadline(self, query: ReadQuery, progress: str) -> None:
+        if query.deadline is not None and self._clock() > query.deadline:
+            raise DeadlineExceeded(f"the deadline passed while {query.doing} ({progress}); give the statement more "
+                                   "time (vbc exec --timeout S, or the client's timeout) or narrow it")
+
+
+def _coalesced(ranges: list[_Range]) -> list[_Range]:
+    """Adjacent token ranges with the same replicas as one range each (one request, one SQL statement)."""
+    merged: list[_Range] = []
+    for one in ranges:
+        last = merged[-1] if merged else None
+        if (last is not None and last.replicas == one.replicas and last.request.after is None
+                and one.request.after is None and last.request.last_token + 1 == one.request.first_token):
+            merged[-1] = _Range(replace(last.request, last_token=one.request.last_token), last.replicas)
+        else:
+            merged.append(one)
+    return merged
 
 
 def read_layout(state, table_id: str) -> tuple[tuple[Replica, ...], ...] | None:
@@ -88,18 +195,3 @@ def read_layout(state, table_id: str) -> tuple[tuple[Replica, ...], ...] | None:
 
 def _prefer_local(replicas: tuple[Replica, ...], node_id: str) -> list[Replica]:
     return sorted(replicas, key=lambda r: r.node != node_id)
-
-
-def _rows_of(first_pages: list[ScanPage], pages: Iterator[ScanPage]) -> Iterator[ScannedRow]:
-    for page in itertools.chain(first_pages, pages):
-        yield from page.rows
-
-
-def merge_by_primary_key(table: Table, streams: list[Iterator[ScannedRow]]) -> Iterator[tuple]:
-    """k-way merge of per-tablet streams, each in (token, primary key) order; yields the column values."""
-    order = [next(i for i, c in enumerate(table.columns) if c.name == name) for name in table.primary_key]
-
-    def key(row: ScannedRow):
-        return (row.token, tuple(sort_key(row.values[i]) for i in order))
-
-    return (row.values for row in heapq.merge(*streams, key=key))

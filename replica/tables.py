@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from common.replica_messages import ScanPage, ScannedRow, ScanRequest
+from common.replica_messages import ScanPage, ScanRequest
 from coordinator.core.errors import InvalidArgument, NotFound
 from coordinator.core.schema import Table
 from storage.cells import Row
+from storage.reads import RangeRead, aggregate, live_pages
 from storage.store import ApplyResult, Derive, DeriveStates, NodeStore
 
-from replica.rows import storage_spec, visible_row
+from replica.rows import storage_spec
 
 
 class LocalTables:
@@ -81,24 +82,24 @@ class LocalTables:
             raise InvalidArgument(str(error)) from None
 
     def scan(self, table: Table, request: ScanRequest) -> Iterator[ScanPage]:
-        """The live rows the request asks for, in pages of at most `request.page_size` rows."""
+        """The live rows the request asks for, in pages of at most `request.page_size` rows (Arrow record batches),
+        or one page of partial aggregates."""
         self.ensure(table)
-        remaining = request.limit
-        after = None
-        while remaining is None or remaining > 0:
-            want = request.page_size if remaining is None else min(request.page_size, remaining)
-            rows = self.store.scan(table.id, request.first_token, request.last_token,
-                                   partition_key=request.partition_key, after=after, limit=want)
-            if not rows:
-                return
-            yield ScanPage(tuple(_scanned_row(table, row) for row in rows))
-            if len(rows) < want:
-                return
-            after = (rows[-1].token, rows[-1].key)
-            if remaining is not None:
-                remaining -= len(rows)
+        _check_columns(table, request)
+        read = RangeRead(table.id, request.first_token, request.last_token, request.partition_key, request.after,
+                         request.filters)
+        if request.aggregates:
+            yield ScanPage(partials=aggregate(self.store, read, request.aggregates))
+            return
+        names = request.columns or tuple(c.name for c in table.columns)
+        for batch in live_pages(self.store, read, names, request.page_size, request.limit):
+            yield ScanPage(batch=batch)
 
 
-def _scanned_row(table: Table, row: Row) -> ScannedRow:
-    values = visible_row(table, row) or {}
-    return ScannedRow(row.token, tuple(values.get(c.name) for c in table.columns))
+def _check_columns(table: Table, request: ScanRequest) -> None:
+    known = {c.name for c in table.columns}
+    named = [*(request.columns or ()), *(f.column for f in request.filters),
+             *(a.column for a in request.aggregates if a.column)]
+    unknown = [name for name in named if name not in known]
+    if unknown:
+        raise InvalidArgument(f"{table.qualified_name} has no column {unknown[0]!r} (schema changed during the read?)")

@@ -126,6 +126,15 @@ def _sql_type(column_type: str, is_key: bool) -> sa.types.TypeEngine:
     return sa.BigInteger()
 
 
+def deleted(table: sa.Table) -> sa.ColumnElement[bool]:
+    """The condition of a deleted row, written exactly as the tombstone index's (so that the index serves it)."""
+    return table.c.tombstone == sa.true()
+
+
+def tombstone_index_name(table_id: str) -> str:
+    return f"{physical_table_name(table_id)}_tombstones"
+
+
 def _check_identifier(name: str) -> None:
     if len(name.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
         raise ValueError(f"column name too long for the database: {name!r}")
@@ -257,7 +266,12 @@ class PhysicalTable:
             sa.Column("write_ts", sa.BigInteger, nullable=False),
             sa.Column("tombstone", sa.Boolean, nullable=False),
         ]
-        return sa.Table(physical_table_name(spec.table_id), sa.MetaData(), *columns, sqlite_with_rowid=False)
+        table = sa.Table(physical_table_name(spec.table_id), sa.MetaData(), *columns, sqlite_with_rowid=False)
+        # Deleted rows alone, by token: a range's live rows are then its rows less these, counted without reading
+        # a single row (storage.reads.count_live).
+        sa.Index(tombstone_index_name(spec.table_id), table.c.token, sqlite_where=deleted(table),
+                 postgresql_where=deleted(table))
+        return table
 
     def normalise(self, mutation: Row) -> Row:
         """The mutation with type-checked key and cell values (the same object when nothing needed converting)."""
@@ -621,6 +635,18 @@ class NodeStore:
         with self._engine.connect() as conn:
             yield conn
 
+    def reading(self):
+        """A read connection (one short transaction), for readers built on this store (storage.reads)."""
+        return self._read()
+
+    @property
+    def is_postgres(self) -> bool:
+        return self._is_postgres
+
+    def physical_table(self, table_id: str) -> PhysicalTable:
+        """The SQL table of `table_id` (KeyError when this store has no such table)."""
+        return self._physical(table_id)
+
     # --- tables -----------------------------------------------------------------------------------------
 
     def ensure_table(self, spec: TableSpec) -> None:
@@ -632,6 +658,7 @@ class NodeStore:
         with self._write_transaction() as conn:
             existing = self._stored_spec(conn, spec.table_id)
             if existing is not None and _extends(existing, spec):
+                self._ensure_tombstone_index(conn, physical)
                 return
             if existing is None:
                 physical.table.create(conn, checkfirst=True)
@@ -643,7 +670,14 @@ class NodeStore:
                     .where(self._catalog.c.table_id == spec.table_id)
                     .values(spec=spec_to_json(spec))
                 )
+            self._ensure_tombstone_index(conn, physical)
         self._tables[spec.table_id] = physical
+
+    @staticmethod
+    def _ensure_tombstone_index(conn: sa.Connection, physical: PhysicalTable) -> None:
+        """The index of deleted rows, also on a table stored before tables had it (built once, here)."""
+        for index in physical.table.indexes:
+            index.create(conn, checkfirst=True)
 
     def _add_regular_columns(self, conn: sa.Connection, existing: TableSpec, physical: PhysicalTable) -> None:
         spec = physical.spec

@@ -393,6 +393,9 @@ class FakeClient(rpc.ClientServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "syntax error: unexpected 'BAD'")
         return pb.ExecuteResponse(message=f"done: {statement}")
 
+    def ExecuteStream(self, request, context):
+        yield self.Execute(request, context)
+
 
 class FakeAdmin(rpc.AdminServicer):
     def __init__(self, node_id: str, nodes: list[tuple[str, str]]):

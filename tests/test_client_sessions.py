@@ -32,7 +32,7 @@ class FakeExecutor:
         self.released.set()
         self.started = threading.Event()
 
-    def execute(self, statement, params, prepared_id) -> Result:
+    def answer(self, statement, params, prepared_id, page_size=None, paging_state=b"", deadline=None) -> Result:
         if statement == "bad":
             raise InvalidArgument("line 1: no viable alternative at 'bad'")
         if statement == "slow":

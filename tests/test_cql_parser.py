@@ -254,7 +254,7 @@ def test_delete():
 
 def test_select_star():
     assert parse("SELECT * FROM ks.t") == Select(
-        table=T, columns=None, count=False, where=(), limit=None,
+        table=T, columns=None, where=(), limit=None,
         allow_filtering=False, allow_stale=False,
     )
 
@@ -267,7 +267,7 @@ def test_select_everything():
     assert stmt == Select(
         table=T,
         columns=("a", "b"),
-        count=False,
+
         where=(
             Relation("key", "=", 1),
             Relation("c", "!=", 2),

@@ -1,6 +1,7 @@
 """Unit tests of the statement executor's routing: DDL to group0, writes to the write path, SELECT to the read path."""
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from common.injection import Injections
@@ -9,6 +10,7 @@ from coordinator.core.commands import RegisterNode
 from coordinator.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from cql.executor import Executor
 from replica.rows import partition_token
+from storage.arrow_layouts import arrow_type
 from storage.cells import Cell, Row
 
 from .fakes import FakeGroup0
@@ -31,15 +33,24 @@ class RecordingWriter:
 
 
 class RecordingReader:
-    """The read path as the executor sees it: serves fixed rows per table and records each read."""
+    """The read path as the executor sees it: serves fixed rows per table (as the replicas would after their
+    filters) and records each read."""
 
     def __init__(self):
         self.rows_by_table = {}
         self.reads = []
+        self.queries = []
 
-    def rows(self, table, partitions=None, limit=None):
-        self.reads.append((table.qualified_name, partitions, limit))
-        return iter(self.rows_by_table.get(table.qualified_name, []))
+    def pages(self, table, query):
+        self.reads.append((table.qualified_name, query.partitions, query.limit))
+        self.queries.append(query)
+        rows = self.rows_by_table.get(table.qualified_name, [])[:query.limit]
+        names = [c.name for c in table.columns]
+        columns = {"token": pa.array([0] * len(rows), pa.int64())}
+        for name in query.columns:
+            position = names.index(name)
+            columns[name] = pa.array([row[position] for row in rows], arrow_type(table.columns[position].type))
+        yield pa.RecordBatch.from_pydict(columns)
 
 
 def register_node(group0: FakeGroup0, node_id: str) -> None:
@@ -94,22 +105,23 @@ def test_a_select_reads_through_the_read_path_with_its_partitions_and_limit(clus
     reader.rows_by_table["ks.t"] = [(1, 1, "a"), (1, 2, "b"), (1, 3, "c")]
     result = executor.execute("SELECT c, v FROM ks.t WHERE p IN (1, 1, 4) LIMIT 2")
     assert result.columns == [("c", "int"), ("v", "text")] and result.rows == [[1, "a"], [2, "b"]]
-    assert reader.reads == [("ks.t", [(1,), (4,)], None)]  # partition filters are rechecked, so LIMIT is not pushed
+    assert reader.reads == [("ks.t", [(1,), (4,)], 2)]
 
 
-def test_a_filter_on_a_regular_column_is_applied_after_the_read_without_pushing_the_limit(cluster):
+def test_a_filter_on_a_regular_column_goes_to_the_replicas_with_the_limit(cluster):
     executor, _, _, reader = cluster
-    reader.rows_by_table["ks.t"] = [(1, 1, "a"), (1, 2, "b"), (2, 1, "b")]
+    reader.rows_by_table["ks.t"] = [(1, 2, "b")]
     result = executor.execute("SELECT p, c FROM ks.t WHERE v = 'b' LIMIT 1 ALLOW FILTERING")
     assert result.rows == [[1, 2]]
-    assert reader.reads == [("ks.t", None, None)]
+    assert reader.reads == [("ks.t", None, 1)]
+    assert [(f.column, f.op, f.value) for f in reader.queries[0].filters] == [("v", "=", "b")]
 
 
 def test_select_pages_come_from_one_read(cluster):
     executor, _, _, reader = cluster
     reader.rows_by_table["ks.t"] = [(p, 0, None) for p in range(5)]
     pages = list(executor.execute_pages("SELECT p FROM ks.t", page_size=2))
-    assert [page.rows for page in pages] == [[[0], [1]], [[2], [3]], [[4]]]
+    assert [page.row_values() for page in pages] == [[[0], [1]], [[2], [3]], [[4]]]
     assert len(reader.reads) == 1
 
 

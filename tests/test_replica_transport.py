@@ -5,6 +5,7 @@ import math
 from dataclasses import replace
 
 import grpc
+import pyarrow as pa
 import pytest
 
 from common.codec import (
@@ -20,7 +21,9 @@ from common.codec import (
     values_to_proto,
 )
 from common.internode import InternodeTransport
-from common.replica_messages import RowBatch, ScanPage, ScannedRow, ScanRequest
+from common.replica_messages import RowBatch, ScanPage, ScanRequest
+from coordinator.core.schema import Filter
+from storage.reads import Aggregate
 from coordinator.core.errors import InvalidArgument, NotFound, Unavailable
 from storage.cells import Cell, Row
 from vbcpb import vbc_pb2 as pb
@@ -141,11 +144,20 @@ def test_a_row_keeps_absent_marker_and_tombstone_apart_from_zero():
 
 
 def test_scan_requests_and_pages_cross_protobuf_unchanged():
-    for request in (ScanRequest("ef" * 16, -10, 10), ScanRequest("ef" * 16, 3, 3, partition_key=(4, "x"), limit=5,
-                                                                   page_size=7)):
+    requests = (
+        ScanRequest("ef" * 16, -10, 10),
+        ScanRequest("ef" * 16, 3, 3, partition_key=(4, "x"), limit=5, page_size=7, after=(3, (4, "x", 1.5)),
+                    columns=("a", "b"), filters=(Filter("v", "IN", (1, 2)), Filter("w", ">=", "x"),
+                                                 Filter("z", "IS NOT NULL", None))),
+        ScanRequest("ef" * 16, 0, 9, aggregates=(Aggregate("count"), Aggregate("max", "v"))),
+    )
+    for request in requests:
         assert scan_request_from_proto(scan_request_to_proto(request)) == request
-    page = ScanPage((ScannedRow(1, (1, None, "a")), ScannedRow(2, (True, -0.0, math.inf))))
-    assert scan_page_from_proto(scan_page_to_proto(page)) == page
+    batch = pa.RecordBatch.from_pydict({"token": pa.array([1, 2], pa.int64()), "a": [True, None],
+                                        "b": pa.array([-0.0, math.inf])})
+    assert scan_page_from_proto(scan_page_to_proto(ScanPage(batch=batch))).batch.equals(batch)
+    partials = [[3], [None, 1, 0], [2.5, 1, 0]]
+    assert scan_page_from_proto(scan_page_to_proto(ScanPage(partials=partials))).partials == partials
 
 
 def test_client_value_lists_cross_protobuf_unchanged():
@@ -196,17 +208,19 @@ def test_a_node_that_is_not_a_member_fails_the_pending_write_not_the_caller():
 
 
 def test_a_scan_streams_pages_and_maps_an_error_after_the_first_page():
-    pages = [scan_page_to_proto(ScanPage((ScannedRow(1, (1,)),))), scan_page_to_proto(ScanPage((ScannedRow(2, (2,)),)))]
+    pages = [scan_page_to_proto(ScanPage(batch=pa.RecordBatch.from_pydict({"token": pa.array([t], pa.int64())})))
+             for t in (1, 2)]
     call = FakeScanCall(pages, error=FakeRpcError(grpc.StatusCode.UNAVAILABLE, "peer went away"))
     scan = InternodeTransport(FakePeers({"n2": FakeStub(scan_call=call)})).scan("n2", ScanRequest("ef" * 16, 0, 9))
-    assert [page.rows[0].token for page in (next(scan), next(scan))] == [1, 2]
+    assert [page.batch["token"][0].as_py() for page in (next(scan), next(scan))] == [1, 2]
     with pytest.raises(Unavailable, match="peer went away"):
         next(scan)
     assert call.cancelled
 
 
 def test_a_scan_closed_early_cancels_its_call():
-    call = FakeScanCall([scan_page_to_proto(ScanPage((ScannedRow(1, (1,)),)))] * 3)
+    page = ScanPage(batch=pa.RecordBatch.from_pydict({"token": pa.array([1], pa.int64())}))
+    call = FakeScanCall([scan_page_to_proto(page)] * 3)
     scan = InternodeTransport(FakePeers({"n2": FakeStub(scan_call=call)})).scan("n2", ScanRequest("ef" * 16, 0, 9))
     next(scan)
     scan.close()

@@ -232,7 +232,11 @@ def add_client_parsers(commands) -> None:
     execute.add_argument("--params", type=json_params, metavar="JSON",
                          help="values for the ? bind markers: a JSON list of lists, one list per execution "
                               "(e.g. '[[1, \"a\"], [2, \"b\"]]')")
-    execute.add_argument("--timeout", type=positive_float, default=client.DEFAULT_TIMEOUT, metavar="S")
+    execute.add_argument("--timeout", type=positive_float, default=client.DEFAULT_TIMEOUT, metavar="S",
+                         help="seconds the statement may take, all its rows included (default %(default)s); past "
+                              "it the statement ends with DEADLINE_EXCEEDED saying how far it got")
+    execute.add_argument("--trace", action="store_true",
+                         help="print how a SELECT read its rows (partitions, an index, or a scan) on stderr")
     execute.set_defaults(handler=cmd_exec, parser=execute)
 
     load = commands.add_parser("load", parents=[target], help="load a CSV or Parquet file into a table")
@@ -635,6 +639,8 @@ def result_json_lines(columns: list[str], rows: list[list], message: str) -> lis
 def cmd_exec(args: argparse.Namespace) -> int:
     addresses = target_addresses(args)
     statement = read_statement(args.statement)
+    if client.is_read(statement):
+        return exec_select(args, addresses, statement)
     response = client.execute_response(addresses, statement, timeout=args.timeout, params=args.params)
     columns, rows, message = client.result_from_response(response)
     if args.json:
@@ -648,6 +654,35 @@ def cmd_exec(args: argparse.Namespace) -> int:
     console.print(result_table(columns, [c.type for c in response.columns], rows))
     console.print(Text(f"({len(rows)} row{'' if len(rows) == 1 else 's'})", style="dim"))
     return 0
+
+
+def exec_select(args: argparse.Namespace, addresses: list[str], statement: str) -> int:
+    """A SELECT's rows as its pages arrive: JSON lines written page by page (bounded memory), or one table."""
+    from vbc import reads
+    columns, table_rows = [], []
+    for position, page in enumerate(reads.stream(addresses, statement, params=args.params, timeout=args.timeout)):
+        if position == 0 and args.trace and page.plan:
+            print(f"plan: {page.plan}", file=sys.stderr)
+        columns = page.columns
+        rows = page_rows(page)
+        if args.json:
+            names = [name for name, _ in columns]
+            sys.stdout.write("".join(json_line(dict(zip(names, row))) + "\n" for row in rows))
+        else:
+            table_rows.extend(rows)
+    if args.json:
+        sys.stdout.flush()
+        return 0
+    console = stdout_console()
+    console.print(result_table([name for name, _ in columns], [kind for _, kind in columns], table_rows))
+    console.print(Text(f"({len(table_rows)} row{'' if len(table_rows) == 1 else 's'})", style="dim"))
+    return 0
+
+
+def page_rows(page) -> list[list]:
+    if page.rows is None:
+        return []
+    return [list(row) for row in zip(*(column.to_pylist() for column in page.rows.columns))]
 
 
 # ------------------------------------------------------------------ vbc load

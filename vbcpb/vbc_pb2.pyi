@@ -46,18 +46,22 @@ class SessionAnswer(_message.Message):
     def __init__(self, response: _Optional[_Union[ExecuteResponse, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("statement", "page_size", "params", "prepared_id", "arrow_values")
+    __slots__ = ("statement", "page_size", "params", "prepared_id", "arrow_values", "paging_state", "arrow_results")
     STATEMENT_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     PREPARED_ID_FIELD_NUMBER: _ClassVar[int]
     ARROW_VALUES_FIELD_NUMBER: _ClassVar[int]
+    PAGING_STATE_FIELD_NUMBER: _ClassVar[int]
+    ARROW_RESULTS_FIELD_NUMBER: _ClassVar[int]
     statement: str
     page_size: int
     params: _containers.RepeatedCompositeFieldContainer[Row]
     prepared_id: str
     arrow_values: bytes
-    def __init__(self, statement: _Optional[str] = ..., page_size: _Optional[int] = ..., params: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., prepared_id: _Optional[str] = ..., arrow_values: _Optional[bytes] = ...) -> None: ...
+    paging_state: bytes
+    arrow_results: bool
+    def __init__(self, statement: _Optional[str] = ..., page_size: _Optional[int] = ..., params: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., prepared_id: _Optional[str] = ..., arrow_values: _Optional[bytes] = ..., paging_state: _Optional[bytes] = ..., arrow_results: _Optional[bool] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
     __slots__ = ("statement",)
@@ -78,14 +82,20 @@ class PrepareResponse(_message.Message):
     def __init__(self, id: _Optional[str] = ..., bind_columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., primary_key: _Optional[_Iterable[str]] = ..., partition_key: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("columns", "rows", "message")
+    __slots__ = ("columns", "rows", "message", "paging_state", "arrow_rows", "plan")
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PAGING_STATE_FIELD_NUMBER: _ClassVar[int]
+    ARROW_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     columns: _containers.RepeatedCompositeFieldContainer[Column]
     rows: _containers.RepeatedCompositeFieldContainer[Row]
     message: str
-    def __init__(self, columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
+    paging_state: bytes
+    arrow_rows: bytes
+    plan: str
+    def __init__(self, columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., message: _Optional[str] = ..., paging_state: _Optional[bytes] = ..., arrow_rows: _Optional[bytes] = ..., plan: _Optional[str] = ...) -> None: ...
 
 class BalancerRequest(_message.Message):
     __slots__ = ("action",)
@@ -603,20 +613,50 @@ class ReplicaOutcome(_message.Message):
     def __init__(self, applied: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("table_id", "first_token", "last_token", "partition_key", "limit", "page_size")
+    __slots__ = ("table_id", "first_token", "last_token", "partition_key", "limit", "page_size", "has_after", "after_token", "after_key", "columns", "filters", "aggregates")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HAS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    AFTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATES_FIELD_NUMBER: _ClassVar[int]
     table_id: str
     first_token: int
     last_token: int
     partition_key: _containers.RepeatedCompositeFieldContainer[Value]
     limit: int
     page_size: int
-    def __init__(self, table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., partition_key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+    has_after: bool
+    after_token: int
+    after_key: _containers.RepeatedCompositeFieldContainer[Value]
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    filters: _containers.RepeatedCompositeFieldContainer[ScanFilter]
+    aggregates: _containers.RepeatedCompositeFieldContainer[ScanAggregate]
+    def __init__(self, table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., partition_key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., has_after: _Optional[bool] = ..., after_token: _Optional[int] = ..., after_key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., columns: _Optional[_Iterable[str]] = ..., filters: _Optional[_Iterable[_Union[ScanFilter, _Mapping]]] = ..., aggregates: _Optional[_Iterable[_Union[ScanAggregate, _Mapping]]] = ...) -> None: ...
+
+class ScanFilter(_message.Message):
+    __slots__ = ("column", "op", "values")
+    COLUMN_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    column: str
+    op: str
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, column: _Optional[str] = ..., op: _Optional[str] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class ScanAggregate(_message.Message):
+    __slots__ = ("function", "column")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    column: str
+    def __init__(self, function: _Optional[str] = ..., column: _Optional[str] = ...) -> None: ...
 
 class ScanRow(_message.Message):
     __slots__ = ("token", "values")
@@ -627,10 +667,14 @@ class ScanRow(_message.Message):
     def __init__(self, token: _Optional[int] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
 
 class ScanPage(_message.Message):
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "arrow", "partials")
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    ARROW_FIELD_NUMBER: _ClassVar[int]
+    PARTIALS_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[ScanRow]
-    def __init__(self, rows: _Optional[_Iterable[_Union[ScanRow, _Mapping]]] = ...) -> None: ...
+    arrow: bytes
+    partials: _containers.RepeatedCompositeFieldContainer[Row]
+    def __init__(self, rows: _Optional[_Iterable[_Union[ScanRow, _Mapping]]] = ..., arrow: _Optional[bytes] = ..., partials: _Optional[_Iterable[_Union[Row, _Mapping]]] = ...) -> None: ...
 
 class LocalStatusRequest(_message.Message):
     __slots__ = ()

@@ -36,6 +36,12 @@ class PermissionDenied(CoreError):
     code = "PERMISSION_DENIED"
 
 
+class DeadlineExceeded(CoreError):
+    """A statement ran past its caller's deadline; the message says how far it got."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
 class StaleTerm(FailedPrecondition):
     """A leader's command or call from a Raft term older than the newest one seen: a newer leader took over."""
 
