@@ -102,7 +102,8 @@ def test_the_journal_form_of_a_view_uses_pairs_triples_and_lists():
     assert encode(view) == {"op": "create_view", "v": JOURNAL_VERSION, "cmd_id": "c2", "id": "2" * 32,
                             "keyspace": "ks", "name": "mv", "base": "t", "partition_key": ["c"],
                             "clustering_key": ["k"], "columns": ["c", "k"],
-                            "where": [["c", "IS NOT NULL", None], ["k", "IN", [1, 2]]], "if_not_exists": False}
+                            "where": [["c", "IS NOT NULL", None], ["k", "IN", [1, 2]]], "if_not_exists": False,
+                            "implied_not_null": True}
 
 
 # ----------------------------------------------------------------- version 1
@@ -391,3 +392,12 @@ def test_an_rf_change_journaled_before_the_refusal_decodes_as_not_refusing():
     assert decode(json.loads(json.dumps(encode(built_now)))) == built_now
     refusing = {"op": "alter_keyspace", "v": JOURNAL_VERSION, "refuse_with_tables": True, **fields}
     assert decode(refusing) == AlterKeyspace(move_data=False, **fields)  # journaled before data could move
+
+
+def test_a_view_journaled_before_implied_not_null_decodes_under_the_old_key_rule():
+    fields = {"cmd_id": "v", "id": "2" * 32, "keyspace": "ks", "name": "mv", "base": "t", "partition_key": ["c"],
+              "clustering_key": ["k"], "columns": None, "where": [["c", "IS NOT NULL", None]], "if_not_exists": False}
+    assert not decode({"op": "create_view", **fields}).implied_not_null
+    assert not decode({"op": "create_view", "v": JOURNAL_VERSION, **fields}).implied_not_null
+    built_now = decode(encode(decode({"op": "create_view", "v": JOURNAL_VERSION, **fields, "implied_not_null": True})))
+    assert built_now.implied_not_null

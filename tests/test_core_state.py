@@ -252,6 +252,21 @@ def test_view_key_rules():
     assert state.apply(view(["v"], ["key", "c"], ["v", "key", "c"])).ok
 
 
+def test_a_view_journaled_before_implied_not_null_replays_under_the_old_key_rule():
+    """Journaled then, a view key column restricted otherwise than by IS NOT NULL was refused: it still is."""
+    state = cluster()
+    make_table(state)
+
+    def view(name, **added):
+        return {**cmd("create_view", id=new_id(), keyspace="ks", name=name, base="t", columns=None,
+                      where=[["key", "IN", [1, 2]], ["c", "IS NOT NULL", None]], partition_key=["c"],
+                      clustering_key=["key"]), "v": JOURNAL_VERSION, "if_not_exists": False, **added}
+
+    assert error_of(state, view("old")) == ("INVALID_ARGUMENT",
+                                            "Primary key column 'key' is required to be filtered by 'IS NOT NULL'")
+    assert state.apply(view("new", implied_not_null=True)).ok
+
+
 def test_drops_remove_tasks_and_dependent_state():
     state = cluster()
     make_table(state)

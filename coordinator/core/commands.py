@@ -115,7 +115,12 @@ class AlterTable(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class CreateView(Command):
-    """A materialized view over `base`; `columns` None selects every base column."""
+    """A materialized view over `base`; `columns` None selects every base column.
+
+    With `implied_not_null` (every command built now) a view key column needs no IS NOT NULL when another WHERE
+    term restricts it or it is the base's only partition key column, as in CQL. Entries journaled before lack it
+    and replay under the rule they were applied with: every view key column restricted by IS NOT NULL.
+    """
 
     op: ClassVar[str] = "create_view"
     id: str
@@ -127,6 +132,7 @@ class CreateView(Command):
     columns: tuple[str, ...] | None = None
     where: tuple[WhereTerm, ...] = ()
     if_not_exists: bool = False
+    implied_not_null: bool = dataclasses.field(default=True, metadata={JOURNAL_ABSENT: False})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -419,7 +425,7 @@ _REQUIRED = object()
 # Fields added to a version 2 command after entries without them were journaled: absent means the value of
 # the field's JOURNAL_ABSENT metadata, else its default.
 ADDED_WITH_DEFAULT = frozenset({"rows_scanned", "refuse_with_tables", "kind", "move_data", "source_node",
-                                "source_shard"})
+                                "source_shard", "implied_not_null"})
 _ENVELOPE = ("op", "v")
 
 

@@ -233,7 +233,7 @@ def _add_view(state: Group0State, cmd: CreateView, is_index: bool) -> str:
     _check_view_key(base, cmd.partition_key, cmd.clustering_key)
     filters = tuple(_build_filter(base, term) for term in cmd.where)
     if not is_index:
-        _check_key_filters(view_key, filters)
+        _check_key_filters(base, view_key, filters, cmd.implied_not_null)
     columns = _view_columns(base, cmd.columns, view_key)
     view = Table(view_id, keyspace.name, name, columns, cmd.partition_key, cmd.clustering_key,
                  ViewDef(base.id, filters, is_index))
@@ -335,11 +335,20 @@ def _view_columns(base: Table, selected: tuple[str, ...] | None, view_key: tuple
     return tuple(keyed + rest)
 
 
-def _check_key_filters(view_key: tuple[str, ...], filters: tuple[Filter, ...]) -> None:
-    restricted = {f.column for f in filters if f.op == "IS NOT NULL"}
-    missing = [c for c in view_key if c not in restricted]
-    if missing:
-        raise InvalidArgument(
-            f"primary key column(s) {', '.join(missing)} of the view must be restricted with IS NOT NULL "
-            f"(add 'AND {missing[0]} IS NOT NULL' to the WHERE clause)"
-        )
+def _check_key_filters(base: Table, view_key: tuple[str, ...], filters: tuple[Filter, ...],
+                       implied_not_null: bool) -> None:
+    """Refuse a view key column the WHERE clause does not keep from being null, as CQL does.
+
+    Every term is false for a null (`views.matches`), so any term on a column keeps it non-null, and the only
+    partition key column of the base is never null; entries journaled before that rule (`implied_not_null`
+    false) need IS NOT NULL on every view key column."""
+    missing = next((c for c in view_key if c not in _non_null_columns(base, filters, implied_not_null)), None)
+    if missing is not None:
+        raise InvalidArgument(f"Primary key column '{missing}' is required to be filtered by 'IS NOT NULL'")
+
+
+def _non_null_columns(base: Table, filters: tuple[Filter, ...], implied_not_null: bool) -> set[str]:
+    if not implied_not_null:
+        return {f.column for f in filters if f.op == "IS NOT NULL"}
+    never_null = set(base.partition_key) if len(base.partition_key) == 1 else set()
+    return never_null | {f.column for f in filters}
