@@ -7,7 +7,7 @@ import threading
 import grpc
 import pytest
 
-from common.codec import values_to_proto
+from common.codec import scan_page_from_proto, values_to_proto
 from coordinator.core.tokens import token_of
 from vbc import client
 from vbcpb import vbc_pb2 as pb
@@ -109,7 +109,7 @@ def test_every_replica_holds_its_tablets_rows(cluster):
             stub = client.internode_stub(addr(cluster, node))
             pages = stub.Scan(pb.ScanRequest(table_id=table_id, first_token=tablet["first_token"],
                                              last_token=tablet["last_token"]), timeout=10)
-            got = sorted(r.values[0].int for page in pages for r in page.rows)
+            got = sorted(row["id"] for page in pages for row in scan_page_from_proto(page).batch.to_pylist())
             assert got == want, f"replica {replica} of tablet {tablet['tablet']}"
 
 
@@ -167,11 +167,19 @@ def test_view_equals_its_function_of_the_base_after_concurrent_random_writes(clu
 def test_unbuilt_view_is_refused_unless_allow_stale(cluster):
     run(cluster, "n1", "CREATE KEYSPACE st WITH replication = {'rf': 1} AND tablets = {'initial': 2}")
     run(cluster, "n1", "CREATE TABLE st.t (k int, v int, PRIMARY KEY (k))")
-    run(cluster, "n1", "CREATE MATERIALIZED VIEW st.mv AS SELECT * FROM st.t WHERE v IS NOT NULL AND k IS NOT NULL PRIMARY KEY (v, k)")
-    code, message = error_of(cluster, "n2", "SELECT * FROM st.mv")
-    assert code == grpc.StatusCode.FAILED_PRECONDITION and "being built" in message and "ALLOW STALE" in message
-    run(cluster, "n2", "INSERT INTO st.t (k, v) VALUES (1, 5)")
-    assert rows(cluster, "n3", "SELECT * FROM st.mv ALLOW STALE") == [{"v": 5, "k": 1}]
+    nodes = ("n1", "n2", "n3")
+    for node in nodes:  # whichever node leads dispatches nothing: the view stays unbuilt
+        client.inject(addr(cluster, node), "coordinator_pause_main_loop", action="enable", mode="pause")
+    try:
+        run(cluster, "n1", "CREATE MATERIALIZED VIEW st.mv AS SELECT * FROM st.t WHERE v IS NOT NULL AND k IS NOT NULL "
+                           "PRIMARY KEY (v, k)")
+        code, message = error_of(cluster, "n2", "SELECT * FROM st.mv")
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "being built" in message and "ALLOW STALE" in message
+        run(cluster, "n2", "INSERT INTO st.t (k, v) VALUES (1, 5)")
+        assert rows(cluster, "n3", "SELECT * FROM st.mv ALLOW STALE") == [{"v": 5, "k": 1}]
+    finally:
+        for node in nodes:
+            client.inject(addr(cluster, node), "coordinator_pause_main_loop", action="disable")
 
 
 def test_a_write_begun_before_a_view_holds_back_the_schema_barrier(cluster):
@@ -420,7 +428,7 @@ def _replica_row_counts(cluster, keyspace: str, name: str) -> dict[str, int]:
             stub = client.internode_stub(addr(cluster, replica.split(":")[0]))
             pages = stub.Scan(pb.ScanRequest(table_id=table_id, first_token=tablet["first_token"],
                                              last_token=tablet["last_token"]), timeout=30)
-            counts[f"{tablet['tablet']}/{replica}"] = sum(len(page.rows) for page in pages)
+            counts[f"{tablet['tablet']}/{replica}"] = sum(scan_page_from_proto(page).batch.num_rows for page in pages)
     return counts
 
 
