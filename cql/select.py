@@ -129,14 +129,12 @@ class SelectStatements:
             if not found:
                 continue
             rows = pa.Table.from_batches(found)
-            at = {tuple(k[c] for c in table.primary_key): i for i, k in enumerate(rows.select(list(
-                table.primary_key)).to_pylist())}
-            order = [at[key] for key in (tuple(k[c] for c in table.primary_key) for k in keys) if key in at]
+            order = _index_order(table, rows, keys)
             if remaining is not None:
                 order = order[:remaining]
                 remaining -= len(order)
             if order:
-                yield from rows.take(order).to_batches()
+                yield from (rows.take(order) if order != list(range(rows.num_rows)) else rows).to_batches()
             if remaining == 0:
                 return
 
@@ -150,6 +148,17 @@ class SelectStatements:
                    for a in aggregates]
         rows = [] if s.limit == 0 else [values]
         return Result(columns=columns, rows=rows, plan=_describe(table, plan, None))
+
+
+def _index_order(table: Table, rows: pa.Table, keys: list[dict]) -> list[int]:
+    """The positions of `rows` (base rows) in the order of `keys` (the index entries' base keys); a base row whose
+    key is not among them (it took the value after its entry was read) is left out."""
+    wanted = [tuple(k[c] for c in table.primary_key) for k in keys]
+    if rows.num_rows == 1:
+        return [0] if tuple(rows[c][0].as_py() for c in table.primary_key) in wanted else []
+    at = {tuple(k[c] for c in table.primary_key): i
+          for i, k in enumerate(rows.select(list(table.primary_key)).to_pylist())}
+    return [at[key] for key in wanted if key in at]
 
 
 def _checked_aggregate(table: Table, aggregate: ast.SelectAggregate) -> ast.SelectAggregate:

@@ -21,11 +21,13 @@ from typing import Protocol
 
 import pyarrow as pa
 import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
 
 from .arrow_layouts import arrow_type, ts_column_name, value_column_name
 from .cells import TableSpec
 from .store import NodeStore, deleted
 
+_SQLITE = sqlite.dialect()
 AGGREGATE_FUNCTIONS = ("count", "min", "max", "sum", "avg")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 NUMERIC_TYPES = ("int", "bigint", "double")
@@ -92,16 +94,20 @@ class _Columns:
             return sa.literal(0)
         return sa.case((self.value(name) == self.nan(), 1), else_=0)
 
-    def condition(self, column: str, op: str, never: bool, name: str) -> sa.ColumnElement[bool]:
-        """`column op :name` (a list for IN), false when the term can never hold (`_never_true`)."""
+    def condition(self, column: str, op: str, never: bool | int, name: str) -> sa.ColumnElement[bool]:
+        """`column op :name`, false when the term can never hold (`never` True); for IN, `never` is the number of
+        values (`:name_0`, `:name_1`, ...; 0 never holds)."""
         value = self.value(column)
         if op == "IS NOT NULL":
             return value.is_not(None)
-        if never:
+        if never is True or (op == "IN" and not never):
             return sa.false()
         if self.types[column] == "text" and self.postgres:
             value = sa.collate(value, "C")  # code point order, as CQL and SQLite compare text
-        test = _COMPARISONS[op](value, sa.bindparam(name, expanding=op == "IN"))
+        if op == "IN":
+            test = value.in_([sa.bindparam(f"{name}_{k}") for k in range(never)])
+        else:
+            test = _COMPARISONS[op](value, sa.bindparam(name))
         if self.types[column] != "double":
             return test
         if op == "!=":
@@ -134,7 +140,7 @@ _COMPARISONS = {
 def _shape(read: RangeRead) -> tuple:
     """What decides a read's SQL text (its values are bound parameters): statements are cached by it."""
     after = -1 if read.after is None else len(read.after[1])
-    terms = tuple((t.column, t.op, _never_true(t)) for t in read.conditions)
+    terms = tuple((t.column, t.op, len(_finite(t.value)) if t.op == "IN" else _never_true(t)) for t in read.conditions)
     return read.partition_key is not None, after, terms
 
 
@@ -167,7 +173,7 @@ def _params(physical, read: RangeRead) -> dict[str, object]:
         if _never_true(term):
             continue
         if term.op == "IN":
-            params[f"term{position}"] = _finite(term.value)
+            params.update({f"term{position}_{k}": v for k, v in enumerate(_finite(term.value))})
         elif term.op != "IS NOT NULL":
             params[f"term{position}"] = term.value
     return params
@@ -203,8 +209,7 @@ def live_pages(store: NodeStore, read: RangeRead, names: Sequence[str], page_row
         want = page_rows if remaining is None else min(page_rows, remaining)
         page = RangeRead(read.table_id, read.first_token, read.last_token, read.partition_key, after, read.conditions)
         statement, schema = _page_statement(physical, store.is_postgres, tuple(names), _shape(page))
-        with store.reading() as conn:
-            rows = conn.execute(statement, {**_params(physical, page), "page_rows": want}).all()
+        rows = _fetch(store, statement, {**_params(physical, page), "page_rows": want})
         if not rows:
             return
         batch = _record_batch(schema, rows)
@@ -215,6 +220,29 @@ def live_pages(store: NodeStore, read: RangeRead, names: Sequence[str], page_row
         after = (last[0], tuple(last[1:1 + key_count]))
         if remaining is not None:
             remaining -= len(rows)
+
+
+def _fetch(store: NodeStore, statement: sa.Select, params: dict[str, object]) -> list:
+    """The rows of a cached statement. On SQLite straight through the driver with the statement's SQL text compiled
+    once: SQLAlchemy's execution costs more than the query of a point read."""
+    if store.is_postgres:
+        with store.reading() as conn:
+            return conn.execute(statement, params).all()
+    sql, names, defaults = _sqlite_text(statement)
+    values = [_sqlite_bindable(params[n] if n in params else defaults[n]) for n in names]
+    with store.reading() as conn:
+        return conn.connection.driver_connection.execute(sql, values).fetchall()
+
+
+@functools.lru_cache(maxsize=1024)
+def _sqlite_text(statement: sa.Select) -> tuple[str, tuple[str, ...], dict[str, object]]:
+    compiled = statement.compile(dialect=_SQLITE)
+    return compiled.string, tuple(compiled.positiontup), dict(compiled.params)
+
+
+def _sqlite_bindable(value: object) -> object:
+    """A value as the store binds it on SQLite (a NaN double is stored as the text 'NaN': `storage.store.Float64`)."""
+    return "NaN" if isinstance(value, float) and math.isnan(value) else value
 
 
 def _record_batch(schema: pa.Schema, rows: list) -> pa.RecordBatch:

@@ -123,6 +123,21 @@ def test_select_pages_come_from_one_read(cluster):
     pages = list(executor.execute_pages("SELECT p FROM ks.t", page_size=2))
     assert [page.row_values() for page in pages] == [[[0], [1]], [[2], [3]], [[4]]]
     assert len(reader.reads) == 1
+    assert [bool(page.paging_state) for page in pages] == [True, True, False]
+
+
+def test_a_paging_state_resumes_after_the_last_row_of_its_page_with_the_limit_left(cluster):
+    executor, _, _, reader = cluster
+    reader.rows_by_table["ks.t"] = [(p, 0, None) for p in range(5)]
+    first = executor.execute("SELECT p FROM ks.t LIMIT 4", page_size=3)
+    assert first.rows == [[0], [1], [2]] and first.paging_state
+    reader.rows_by_table["ks.t"] = [(3, 0, None), (4, 0, None)]
+    second = executor.execute("SELECT p FROM ks.t LIMIT 4", page_size=3, paging_state=first.paging_state)
+    assert second.rows == [[3]] and not second.paging_state
+    resumed = reader.queries[-1]
+    assert resumed.after == (0, (2, 0)) and resumed.limit == 1
+    with pytest.raises(InvalidArgument, match="paging_state is not one this cluster issued"):
+        executor.execute("SELECT p FROM ks.t", page_size=3, paging_state=b"garbage")
 
 
 def test_a_view_being_built_is_refused_unless_allow_stale(cluster):
