@@ -74,9 +74,9 @@ class ReadCoordinator:
         remaining = query.limit
         for position, group in enumerate(ranges):
             self._check_deadline(query, f"{position} of {len(ranges)} token ranges read")
-            limit = remaining
-            batches = (self._merged(table, group, limit) if len(group) > 1
-                       else self._range_pages(replace(group[0].request, limit=limit), group[0].replicas))
+            first = group[0].request
+            batches = (self._merged(table, group, remaining) if len(group) > 1 else self._range_pages(
+                first if first.limit == remaining else replace(first, limit=remaining), group[0].replicas))
             for batch in batches:
                 self._check_deadline(query, f"{position} of {len(ranges)} token ranges read")
                 if remaining is not None:
@@ -105,8 +105,10 @@ class ReadCoordinator:
         layout = self._read_state(lambda s: read_layout(s, table.id))
         if layout is None:
             raise NotFound(f"{table.qualified_name} was dropped while this read was being prepared")
-        template = ScanRequest(table.id, 0, 0, columns=query.columns, filters=query.filters,
-                               page_size=query.page_rows)
+        def request(first: int, last: int, after, partition_key: tuple | None = None) -> ScanRequest:
+            return ScanRequest(table.id, first, last, partition_key, query.limit, query.page_rows, after,
+                               query.columns, query.filters)
+
         after_token = None if query.after is None else query.after[0]
         if query.partitions is None:
             groups = []
@@ -115,7 +117,7 @@ class ReadCoordinator:
                 if after_token is not None and after_token > last:
                     continue
                 after = query.after if after_token is not None and after_token >= first else None
-                groups.append([_Range(replace(template, first_token=first, last_token=last, after=after), replicas)])
+                groups.append([_Range(request(first, last, after), replicas)])
             return groups
         by_token: dict[int, list[_Range]] = {}
         for key in dict.fromkeys(tuple(k) for k in query.partitions):
@@ -123,8 +125,8 @@ class ReadCoordinator:
             if after_token is not None and token < after_token:
                 continue
             after = query.after if token == after_token else None
-            request = replace(template, first_token=token, last_token=token, partition_key=key, after=after)
-            by_token.setdefault(token, []).append(_Range(request, layout[tablet_of(token, len(layout))]))
+            one = _Range(request(token, token, after, key), layout[tablet_of(token, len(layout))])
+            by_token.setdefault(token, []).append(one)
         return [by_token[token] for token in sorted(by_token)]
 
     def _merged(self, table: Table, group: list[_Range], limit: int | None) -> Iterator[pa.RecordBatch]:

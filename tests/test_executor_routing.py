@@ -151,6 +151,18 @@ def test_a_view_being_built_is_refused_unless_allow_stale(cluster):
     assert reader.reads == [("ks.by_v", None, None)]
 
 
+def test_a_building_index_serves_no_query_unless_allow_stale_or_a_filtered_scan_is_allowed(cluster):
+    executor, _, _, reader = cluster
+    executor.execute("CREATE INDEX t_v ON ks.t (v)")
+    with pytest.raises(FailedPrecondition, match="index ks.t_v on v is being built .*ALLOW FILTERING.*ALLOW STALE"):
+        executor.execute("SELECT * FROM ks.t WHERE v = 'x'")
+    assert reader.reads == []
+    scanned = executor.execute("SELECT * FROM ks.t WHERE v = 'x' ALLOW FILTERING")
+    assert reader.reads == [("ks.t", None, None)] and "scan of every tablet" in scanned.plan
+    stale = executor.execute("SELECT * FROM ks.t WHERE v = 'x' ALLOW STALE")
+    assert reader.reads[1] == ("ks.t_v", [("x",)], None) and "index ks.t_v" in stale.plan
+
+
 def test_refusals_name_the_problem_and_send_nothing(cluster):
     executor, _, writer, reader = cluster
     with pytest.raises(NotFound, match="ks.missing"):
