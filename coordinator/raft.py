@@ -1,6 +1,8 @@
 """Group0's Raft adapter: replicates state-machine commands to every member through pysyncobj."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import pickle
 import threading
@@ -26,6 +28,11 @@ _FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() i
 _CLOSED = "CLOSED"  # attempt outcome when close() interrupts a pending proposal
 _RETRY_BACKOFF_FIRST = 0.005
 _RETRY_BACKOFF_MAX = 0.2
+
+
+def secret_fingerprint(secret: str) -> str:
+    """A short keyed hash of a Raft secret: nodes compare theirs without sending the secret."""
+    return hmac.new(secret.encode(), b"vbc raft secret fingerprint", hashlib.sha256).hexdigest()[:16]
 
 
 def raft_options(data_dir: Path, password: str) -> dict:

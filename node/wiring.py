@@ -27,7 +27,7 @@ from coordinator.core.commands import RegisterNode
 from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
 from coordinator.core.state import Group0State
-from coordinator.raft import Group0, Group0Unavailable, StateMachineError
+from coordinator.raft import Group0, Group0Unavailable, StateMachineError, secret_fingerprint
 from coordinator.tablet_migration import MigrationCalls, MigrationDriver
 from coordinator.view_building import ViewBuildingLoop
 from cql.executor import Executor
@@ -55,7 +55,6 @@ from .internode_service import InternodeDeps, InternodeService
 
 log = logging.getLogger("node.wiring")
 
-DEFAULT_RAFT_PASSWORD = "vbc-local-cluster"
 OUTBOX_FLUSH_INTERVAL = 0.5
 VIEW_UPDATE_POLL = 0.05  # a migration barrier waiting for the outbox's older entries to be delivered
 # The store's WAL is checkpointed in the background (NodeStore.checkpoint) after this many write transactions, or
@@ -90,7 +89,7 @@ class NodeConfig:
     peers: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (grpc, raft) of the OTHER nodes
     shards: int = 1
     storage_url: str | None = None
-    raft_password: str | None = None
+    raft_password: str = ""  # the cluster's Raft secret (`vbc cluster up` writes DIR/raft.secret)
     metrics_addr: str | None = None
     spark_master: str = field(default_factory=default_master)
     spark_memory: str = "1g"
@@ -122,7 +121,7 @@ class Node:
             node_id=config.node_id, raft_addr=config.raft_addr,
             peers={peer_id: raft for peer_id, (_, raft) in config.peers.items()},
             data_dir=self.data_dir / "raft", state_machine=Group0State(),
-            password=config.raft_password or os.environ.get("VBC_RAFT_PASSWORD", DEFAULT_RAFT_PASSWORD),
+            password=config.raft_password,
             on_applied=self._on_applied,
         )
         self.peers = Peers(self._grpc_address_of)
@@ -443,6 +442,7 @@ class Node:
             node_id=self.node_id, schema_version=self.inflight.applied_version(self.schema_version()),
             applied_index=self.group0.applied_index, pending_view_updates=self.store.outbox_size(),
             term=self.group0.term, leader=self.group0.leader_id or "", worker=pb.WorkerStats(**self.worker_stats()),
+            raft_secret_fingerprint=secret_fingerprint(self.config.raft_password),
             streams=[pb.TabletStreamProgress(migration_id=p.migration_id, table_id=p.table_id,
                                              source_node=p.source_node, rows=p.rows, seconds=p.seconds,
                                              rows_per_s=p.rows_per_s) for p in self.local.tablet_stream_progress()],

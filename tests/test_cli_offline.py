@@ -63,6 +63,12 @@ def test_parse_peers_rejects_bad_syntax_with_a_clear_message(text, words):
     assert words in str(caught.value)
 
 
+@pytest.fixture(autouse=True)
+def raft_secret_in_the_environment(monkeypatch):
+    """`vbc node start` needs a Raft secret; the tests that start one here are not about it."""
+    monkeypatch.setenv("VBC_RAFT_PASSWORD", "a test's secret")
+
+
 NODE_START = ["node", "start", "--id", "n1", "--data-dir", "/tmp/unused", "--grpc", "127.0.0.1:9042",
               "--raft", "127.0.0.1:9043"]
 
@@ -89,6 +95,35 @@ def test_node_start_enables_fault_injection_only_with_the_flag(capsys, monkeypat
             "--raft", "127.0.0.1:9043", *flag]
     assert run_cli(capsys, *argv)[0] == 0
     assert [config.enable_injections for config in configs] == [enabled]
+
+
+def test_node_start_takes_the_raft_secret_from_its_file_or_the_environment_and_has_no_default(
+        capsys, monkeypatch, tmp_path):
+    import node.wiring
+
+    configs = []
+    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node.wiring, "serve", configs.append)
+    monkeypatch.delenv("VBC_RAFT_PASSWORD", raising=False)
+    argv = ["node", "start", "--id", "n1", "--data-dir", str(tmp_path), "--grpc", "127.0.0.1:9042",
+            "--raft", "127.0.0.1:9043"]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and "no Raft secret" in err and configs == []
+    secret = tmp_path / "raft.secret"
+    secret.write_text("from the file\n")
+    monkeypatch.setenv("VBC_RAFT_PASSWORD", "from the environment")
+    assert run_cli(capsys, *argv, "--raft-secret-file", str(secret))[0] == 0
+    assert run_cli(capsys, *argv)[0] == 0
+    assert [config.raft_password for config in configs] == ["from the file", "from the environment"]
+
+
+def test_cluster_up_writes_one_owner_only_raft_secret_that_every_node_command_names(tmp_path):
+    cluster = cluster_mod.new_cluster(tmp_path, 3)
+    secret = tmp_path / cluster_mod.RAFT_SECRET_NAME
+    assert oct(secret.stat().st_mode & 0o777) == oct(0o600) and len(secret.read_text().strip()) == 64
+    assert all(node["command"][node["command"].index("--raft-secret-file") + 1] == str(secret)
+               for node in cluster["nodes"])
+    assert cluster_mod.new_cluster(tmp_path, 3) and secret.read_text() == secret.read_text()
 
 
 @pytest.mark.parametrize("flag, prestart", [([], True), (["--spark-prestart"], True), (["--no-spark-prestart"], False)])
@@ -550,7 +585,8 @@ FAKE_NODE = textwrap.dedent('''
     parser = argparse.ArgumentParser()
     parser.add_argument("--behaviour", default="serve")
     parser.add_argument("words", nargs="*")
-    for option in ("--id", "--data-dir", "--grpc", "--raft", "--peers", "--shards", "--storage-url"):
+    for option in ("--id", "--data-dir", "--grpc", "--raft", "--peers", "--shards", "--storage-url",
+                   "--raft-secret-file"):
         parser.add_argument(option)
     parser.add_argument("--enable-injections", action="store_true")
     args = parser.parse_args()

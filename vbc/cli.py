@@ -163,6 +163,9 @@ def add_node_parser(commands) -> None:
                        help="start the Spark session and warm it up in the background when the node starts (default); "
                             "--no-spark-prestart starts it at the first view building batch, so the node holds no JVM "
                             "until it builds")
+    start.add_argument("--raft-secret-file", type=Path, metavar="FILE",
+                       help="the cluster's Raft secret (`vbc cluster up` writes DIR/raft.secret, mode 0600); the same "
+                            "on every node. Default: $VBC_RAFT_PASSWORD")
     start.add_argument("--join", type=lambda text: [host_port(a) for a in text.split(",") if a], metavar="HOST:PORT,...",
                        help="join a running cluster through any of its nodes (gRPC address): this node is admitted "
                             "into the Raft group and starts with its members as peers")
@@ -420,18 +423,21 @@ def cmd_node_start(args: argparse.Namespace) -> int:
         print("error: the node daemon (node.wiring) is not installed", file=sys.stderr)
         return 1
     peers = dict(args.peers)
+    secret = raft_secret(args.raft_secret_file)
     try:
         if args.join:
+            refuse_other_secret(secret, args.join)
             peers.update(client.join_cluster(args.join, args.id, args.grpc, args.raft, args.shards))
         elif peers:
             refuse_if_removed(args.id, [grpc for grpc, _ in peers.values()])
-    except (grpc.RpcError, NodeRemoved) as error:
+            refuse_other_secret(secret, [grpc for grpc, _ in peers.values()])
+    except (grpc.RpcError, NodeRemoved, WrongSecret) as error:
         message = client.error_text(error) if isinstance(error, grpc.RpcError) else str(error)
         print(f"error: node {args.id} cannot start: {message}", file=sys.stderr)
         return 1
     args.data_dir.mkdir(parents=True, exist_ok=True)
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
-                        peers=peers, shards=args.shards, storage_url=args.storage_url,
+                        peers=peers, shards=args.shards, storage_url=args.storage_url, raft_password=secret,
                         metrics_addr=args.metrics, spark_memory=args.spark_memory,
                         limits=node_limits(args), enable_injections=args.enable_injections,
                         spark_prestart=args.spark_prestart,
@@ -444,6 +450,43 @@ def cmd_node_start(args: argparse.Namespace) -> int:
 
 class NodeRemoved(Exception):
     """The node's id was removed from the cluster: it may not start again."""
+
+
+class WrongSecret(Exception):
+    """The node's Raft secret is not the cluster's: it could never join its Raft group."""
+
+
+def raft_secret(path: Path | None) -> str:
+    """The Raft secret from `path`, else $VBC_RAFT_PASSWORD; a node has no default."""
+    if path is not None:
+        try:
+            secret = path.read_text().strip()
+        except OSError as error:
+            raise UsageError(f"cannot read the Raft secret file {path}: {error.strerror}") from None
+        if not secret:
+            raise UsageError(f"the Raft secret file {path} is empty")
+        return secret
+    secret = os.environ.get("VBC_RAFT_PASSWORD", "")
+    if not secret:
+        raise UsageError("no Raft secret: give --raft-secret-file FILE (`vbc cluster up` writes DIR/raft.secret) or set "
+                         "VBC_RAFT_PASSWORD, the same on every node of the cluster")
+    return secret
+
+
+def refuse_other_secret(secret: str, peer_addresses: list[str]) -> None:
+    """WrongSecret when a reachable peer holds another Raft secret (no peer answering: nothing to compare)."""
+    from coordinator.raft import secret_fingerprint
+    mine = secret_fingerprint(secret)
+    for address in peer_addresses:
+        try:
+            theirs = client.local_status(address, timeout=3.0).get("raft_secret_fingerprint", "")
+        except grpc.RpcError:
+            continue
+        if theirs and theirs != mine:
+            raise WrongSecret(f"this node's Raft secret (fingerprint {mine}) is not the one of the node at {address} "
+                              f"(fingerprint {theirs}): it could not join the cluster's Raft group; start it with the "
+                              "cluster's secret (the file DIR/raft.secret of `vbc cluster up`, or the VBC_RAFT_PASSWORD "
+                              "the other nodes have)")
 
 
 def refuse_if_removed(node_id: str, peer_addresses: list[str]) -> None:

@@ -615,4 +615,5 @@ def local_status(addr: str, timeout: float = 2.0) -> dict:
         "pending_view_updates": response.pending_view_updates,
         "term": response.term,
         "leader": response.leader,
+        "raft_secret_fingerprint": response.raft_secret_fingerprint,
     }

@@ -681,7 +681,7 @@ class LocalStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LocalStatusResponse(_message.Message):
-    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader", "worker", "streams")
+    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader", "worker", "streams", "raft_secret_fingerprint")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -690,6 +690,7 @@ class LocalStatusResponse(_message.Message):
     LEADER_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    RAFT_SECRET_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     schema_version: int
     applied_index: int
@@ -698,7 +699,8 @@ class LocalStatusResponse(_message.Message):
     leader: str
     worker: WorkerStats
     streams: _containers.RepeatedCompositeFieldContainer[TabletStreamProgress]
-    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[TabletStreamProgress, _Mapping]]] = ...) -> None: ...
+    raft_secret_fingerprint: str
+    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[TabletStreamProgress, _Mapping]]] = ..., raft_secret_fingerprint: _Optional[str] = ...) -> None: ...
 
 class ArrowChunk(_message.Message):
     __slots__ = ("table_id", "shard", "schema_version", "ipc", "rows")
