@@ -323,12 +323,49 @@ def add_client_parsers(commands) -> None:
     inject.set_defaults(handler=cmd_inject, parser=inject)
 
 
+def add_certs_parser(commands) -> None:
+    certs = commands.add_parser("certs", help="certificates of a secure cluster: a CA, node and client certificates")
+    certs_commands = certs.add_subparsers(dest="certs_command", metavar="COMMAND", required=True)
+    lifetime = argparse.ArgumentParser(add_help=False)
+    lifetime.add_argument("--lifetime-days", type=positive_int, metavar="N",
+                          help="days the certificate is valid (default: 10 years for a CA, 5 for the others)")
+    lifetime.add_argument("--overwrite", action="store_true", help="replace the files if they exist")
+
+    create_ca = certs_commands.add_parser("create-ca", parents=[lifetime],
+                                          help="make the cluster's CA: DIR/ca.crt and DIR/ca.key (keep the key safe)")
+    create_ca.add_argument("directory", type=absolute_path, metavar="DIR")
+    create_ca.set_defaults(handler=cmd_certs, certs_action=certs_create_ca, parser=create_ca)
+
+    create_node = certs_commands.add_parser("create-node", parents=[lifetime],
+                                            help="make node.crt and node.key for a node, signed by DIR's CA")
+    create_node.add_argument("directory", type=absolute_path, metavar="DIR", help="the directory of the CA")
+    create_node.add_argument("node_id", metavar="NODE_ID")
+    create_node.add_argument("--host", dest="hosts", action="append", required=True, metavar="H",
+                             help="an IP address or DNS name the node is reached at (repeat for each)")
+    create_node.add_argument("--out", type=absolute_path, metavar="OUTDIR",
+                             help="write the files here, with a copy of ca.crt (default: DIR)")
+    create_node.set_defaults(handler=cmd_certs, certs_action=certs_create_node, parser=create_node)
+
+    create_client = certs_commands.add_parser("create-client", parents=[lifetime],
+                                              help="make client.USER.crt and client.USER.key, signed by DIR's CA")
+    create_client.add_argument("directory", type=absolute_path, metavar="DIR", help="the directory of the CA")
+    create_client.add_argument("user", metavar="USER")
+    create_client.add_argument("--out", type=absolute_path, metavar="OUTDIR",
+                               help="write the files here, with a copy of ca.crt (default: DIR)")
+    create_client.set_defaults(handler=cmd_certs, certs_action=certs_create_client, parser=create_client)
+
+    listing = certs_commands.add_parser("list", help="the certificates of a directory: kind, name, hosts, expiry")
+    listing.add_argument("directory", type=absolute_path, metavar="DIR")
+    listing.set_defaults(handler=cmd_certs, certs_action=certs_list, parser=listing)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vbc", description="vbc: materialized views over tablet-partitioned tables")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_node_parser(commands)
     add_cluster_parser(commands)
     add_client_parsers(commands)
+    add_certs_parser(commands)
     return parser
 
 
@@ -983,3 +1020,68 @@ def wait_for_hit(target: list[str], args: argparse.Namespace) -> int:
         return 0
     print(f"{args.name}: not hit within {args.wait_hit:g} s", file=sys.stderr)
     return 1
+
+
+# ------------------------------------------------------------------ vbc certs
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    """Run a `vbc certs` command. common.certs is imported here: cryptography's x509 takes ~45 ms to load."""
+    from common.certs import CertificateError
+
+    try:
+        return args.certs_action(args)
+    except CertificateError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+def lifetime_option(args: argparse.Namespace) -> dict:
+    """lifetime_days for the certs functions when --lifetime-days is given (their own defaults otherwise)."""
+    return {} if args.lifetime_days is None else {"lifetime_days": args.lifetime_days}
+
+
+def certs_create_ca(args: argparse.Namespace) -> int:
+    from common import certs
+
+    cert_path = certs.create_ca(args.directory, overwrite=args.overwrite, **lifetime_option(args))
+    print(f"CA: {cert_path} and {args.directory / certs.CA_KEY} (the key signs every certificate of the cluster: "
+          "keep it away from the nodes)")
+    return 0
+
+
+def certs_create_node(args: argparse.Namespace) -> int:
+    from common import certs
+
+    cert_path, key_path = certs.create_node_cert(args.directory, args.node_id, args.hosts, out_dir=args.out,
+                                                 overwrite=args.overwrite, **lifetime_option(args))
+    print(f"node {args.node_id}: {cert_path} and {key_path}, for hosts {', '.join(certs.unique(args.hosts))}")
+    return 0
+
+
+def certs_create_client(args: argparse.Namespace) -> int:
+    from common import certs
+
+    cert_path, key_path = certs.create_client_cert(args.directory, args.user, out_dir=args.out,
+                                                   overwrite=args.overwrite, **lifetime_option(args))
+    print(f"client {args.user}: {cert_path} and {key_path}")
+    return 0
+
+
+def certs_list(args: argparse.Namespace) -> int:
+    from common import certs
+
+    now = time.time()
+    for info in certs.list_certificates(args.directory):
+        print(certificate_line(info, now))
+    return 0
+
+
+def certificate_line(info, now: float) -> str:
+    """One line of `vbc certs list`: file, kind and name, hosts, expiry, subject."""
+    if info.kind == "invalid":
+        return f"{info.file.name}: invalid: {info.problem}"
+    who = f"{info.kind} {info.name}" if info.name else info.kind
+    hosts = f", hosts {' '.join(info.hosts)}" if info.hosts else ""
+    expired = "EXPIRED" if info.expires.timestamp() <= now else "expires"
+    return f"{info.file.name}: {who}{hosts}, {expired} {info.expires:%Y-%m-%d %H:%M} UTC ({info.subject})"
