@@ -48,16 +48,28 @@ def vbc(*args: str, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
 
 
 def timed_cli(args: list[str], out: Path) -> tuple[float, int]:
-    """Seconds and peak RSS (KiB) of one `vbc` command writing its output to `out`."""
+    """Seconds and peak RSS (KiB: the process's own VmHWM, sampled while it runs; its rusage would also count this
+    process, from which it was forked) of one `vbc` command writing its output to `out`."""
     with open(out, "w") as sink:
         started = time.perf_counter()
         process = subprocess.Popen([sys.executable, "-m", "vbc", *args], cwd=ROOT, stdout=sink,
                                    stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        _, status, usage = os.wait4(process.pid, 0)
+        peak = 0
+        while process.poll() is None:
+            peak = max(peak, high_water_mark(process.pid))
+            time.sleep(0.05)
         seconds = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
+    if process.returncode != 0:
         raise RuntimeError(f"vbc {' '.join(args)} failed: {process.stderr.read().decode()}")
-    return seconds, usage.ru_maxrss
+    return seconds, peak
+
+
+def high_water_mark(pid: int) -> int:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in lines if line.startswith("VmHWM:")), 0)
 
 
 def write_rows(path: Path, rows: int) -> Path:

@@ -84,8 +84,9 @@ class StandingCall:
 class Peers:
     """Resolves node ids to addresses (through `resolve`) and hands out cached stubs and pools of open calls."""
 
-    def __init__(self, resolve: Callable[[str], str | None]):
+    def __init__(self, resolve: Callable[[str], str | None], credentials: grpc.ChannelCredentials | None = None):
         self._resolve = resolve
+        self._credentials = credentials  # the node's own certificate, for mutual TLS (None: plaintext)
         self._channels: dict[str, grpc.Channel] = {}
         self._standing: dict[str, StandingCall] = {}
         self._stubs: dict[str, rpc.InternodeStub] = {}
@@ -147,7 +148,9 @@ class Peers:
     def _channel_at(self, address: str) -> grpc.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = self._channels[address] = (
+                grpc.insecure_channel(address, options=CHANNEL_OPTIONS) if self._credentials is None
+                else grpc.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS))
             self._standing[address] = StandingCall(channel, address)
         return channel
 

@@ -80,6 +80,7 @@ class AdminService(rpc.AdminServicer):
                 schema_version=local.schema_version if local else 0,
                 pending_view_updates=local.pending_view_updates if local else 0,
                 worker=local.worker if local and local.HasField("worker") else None,
+                insecure=local.insecure if local else False,
             ))
         _add_errors(views, response.nodes)
         _add_stream_progress(response.migrations, streams)

@@ -48,6 +48,7 @@ from worker.service import WorkerService
 from worker.spark_session import DEFAULT_JAVA_OPTIONS, NodeSpark, SparkConfig, default_master
 from worker.spark_warmup import warm_up
 
+from . import security
 from .admin_service import AdminDeps, AdminService
 from .client_service import ClientService
 from .health import HealthService
@@ -90,6 +91,8 @@ class NodeConfig:
     shards: int = 1
     storage_url: str | None = None
     raft_password: str = ""  # the cluster's Raft secret (`vbc cluster up` writes DIR/raft.secret)
+    insecure: bool = False  # serve plaintext gRPC; else mutual TLS with the certificates in certs_dir
+    certs_dir: Path | None = None  # ca.crt, node.crt, node.key (default: the data directory)
     metrics_addr: str | None = None
     spark_master: str = field(default_factory=default_master)
     spark_memory: str = "1g"
@@ -124,7 +127,13 @@ class Node:
             password=config.raft_password,
             on_applied=self._on_applied,
         )
-        self.peers = Peers(self._grpc_address_of)
+        self._tls = None if config.insecure else security.load_node_material(
+            Path(config.certs_dir or self.data_dir).expanduser().resolve())
+        if config.insecure:
+            log.warning("node %s serves gRPC WITHOUT TLS (--insecure): any host that reaches %s can read and write "
+                        "every table and act as a node of the cluster", config.node_id, config.grpc_addr)
+        self.peers = Peers(self._grpc_address_of,
+                           credentials=None if self._tls is None else security.channel_credentials(self._tls))
         transport = InternodeTransport(self.peers)
         self.local = LocalData(self.node_id, self.store, SchemaAccess(self.group0.read, self.catch_up, self.inflight),
                                transport, self.injections, self.metrics, read_outbox_version_1=batch_from_proto_bytes)
@@ -215,7 +224,8 @@ class Node:
     def _build_server(self) -> grpc.Server:
         threads = GRPC_WORKERS + INTERNODE_OPEN_CALLS + CLIENT_SESSIONS
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
-                             options=SERVER_OPTIONS)
+                             options=SERVER_OPTIONS,
+                             interceptors=() if self._tls is None else (security.PeerAuthorization(),))
         rpc.add_ClientServicer_to_server(ClientService(self.executor, self.metrics.statement_errors, self._sessions),
                                          server)
         self._admin = AdminService(AdminDeps(
@@ -237,7 +247,9 @@ class Node:
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Client", "Admin", "Internode", "Worker")]
         reflection.enable_server_reflection(names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                                                      reflection.SERVICE_NAME], server)
-        if server.add_insecure_port(self.config.grpc_addr) == 0:
+        port = (server.add_insecure_port(self.config.grpc_addr) if self._tls is None
+                else server.add_secure_port(self.config.grpc_addr, security.server_credentials(self._tls)))
+        if port == 0:
             raise OSError(f"cannot listen for gRPC on {self.config.grpc_addr}: port in use or address not local")
         return server
 
@@ -442,7 +454,7 @@ class Node:
             node_id=self.node_id, schema_version=self.inflight.applied_version(self.schema_version()),
             applied_index=self.group0.applied_index, pending_view_updates=self.store.outbox_size(),
             term=self.group0.term, leader=self.group0.leader_id or "", worker=pb.WorkerStats(**self.worker_stats()),
-            raft_secret_fingerprint=secret_fingerprint(self.config.raft_password),
+            raft_secret_fingerprint=secret_fingerprint(self.config.raft_password), insecure=self.config.insecure,
             streams=[pb.TabletStreamProgress(migration_id=p.migration_id, table_id=p.table_id,
                                              source_node=p.source_node, rows=p.rows, seconds=p.seconds,
                                              rows_per_s=p.rows_per_s) for p in self.local.tablet_stream_progress()],

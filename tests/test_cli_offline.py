@@ -70,7 +70,7 @@ def raft_secret_in_the_environment(monkeypatch):
 
 
 NODE_START = ["node", "start", "--id", "n1", "--data-dir", "/tmp/unused", "--grpc", "127.0.0.1:9042",
-              "--raft", "127.0.0.1:9043"]
+              "--raft", "127.0.0.1:9043", "--insecure"]
 
 
 def test_node_start_with_bad_peers_is_a_usage_error(capsys):
@@ -92,7 +92,7 @@ def test_node_start_enables_fault_injection_only_with_the_flag(capsys, monkeypat
     monkeypatch.setattr(cli, "die_with_parent", lambda: None)
     monkeypatch.setattr(node.wiring, "serve", configs.append)
     argv = ["node", "start", "--id", "n1", "--data-dir", str(tmp_path), "--grpc", "127.0.0.1:9042",
-            "--raft", "127.0.0.1:9043", *flag]
+            "--raft", "127.0.0.1:9043", "--insecure", *flag]
     assert run_cli(capsys, *argv)[0] == 0
     assert [config.enable_injections for config in configs] == [enabled]
 
@@ -106,7 +106,7 @@ def test_node_start_takes_the_raft_secret_from_its_file_or_the_environment_and_h
     monkeypatch.setattr(node.wiring, "serve", configs.append)
     monkeypatch.delenv("VBC_RAFT_PASSWORD", raising=False)
     argv = ["node", "start", "--id", "n1", "--data-dir", str(tmp_path), "--grpc", "127.0.0.1:9042",
-            "--raft", "127.0.0.1:9043"]
+            "--raft", "127.0.0.1:9043", "--insecure"]
     code, _, err = run_cli(capsys, *argv)
     assert code == 2 and "no Raft secret" in err and configs == []
     secret = tmp_path / "raft.secret"
@@ -115,6 +115,18 @@ def test_node_start_takes_the_raft_secret_from_its_file_or_the_environment_and_h
     assert run_cli(capsys, *argv, "--raft-secret-file", str(secret))[0] == 0
     assert run_cli(capsys, *argv)[0] == 0
     assert [config.raft_password for config in configs] == ["from the file", "from the environment"]
+
+
+def test_a_secure_node_without_its_certificate_does_not_start_and_says_what_to_do(capsys, monkeypatch, tmp_path):
+    import node.wiring
+
+    configs = []
+    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node.wiring, "serve", configs.append)
+    code, _, err = run_cli(capsys, "node", "start", "--id", "n1", "--data-dir", str(tmp_path), "--grpc",
+                           "127.0.0.1:9042", "--raft", "127.0.0.1:9043")
+    assert code == 1 and configs == []
+    assert "no node certificate in" in err and "vbc certs create-node" in err and "--insecure" in err
 
 
 def test_cluster_up_writes_one_owner_only_raft_secret_that_every_node_command_names(tmp_path):
@@ -291,7 +303,8 @@ def test_status_dict_has_the_documented_shape():
                                                "spark_error": "", "spark_start_s": 9.5, "read_s": 0.25,
                                                "spark_s": 1.5, "merge_s": 0.75,
                                                "failures": [{"view_id": "v1", "error": "UNAVAILABLE: boom",
-                                                             "attempts": 2}]}}
+                                                             "attempts": 2}]},
+                                    "insecure": False}
     assert document["nodes"][1]["worker"] is None  # unreachable
     assert document["views"] == [{"name": "ks.mv", "base": "ks.t", "state": "BUILDING", "is_index": False,
                                   "tasks_total": 12, "tasks_done": 3, "progress": 0.25, "rows_done": 1500,
@@ -589,6 +602,7 @@ FAKE_NODE = textwrap.dedent('''
                    "--raft-secret-file"):
         parser.add_argument(option)
     parser.add_argument("--enable-injections", action="store_true")
+    parser.add_argument("--insecure", action="store_true")
     args = parser.parse_args()
     if args.behaviour == "exit":
         print("fake node: cannot start", flush=True)
@@ -640,7 +654,7 @@ def all_exited(pids) -> bool:
 @pytest.mark.integration
 def test_cluster_up_stop_start_and_down(tmp_path, fake_launcher, capsys):
     data_dir = tmp_path / "c"
-    description = cluster_mod.start_cluster(data_dir, nodes=3, shards=2, launcher=fake_launcher(), timeout=30)
+    description = cluster_mod.start_cluster(data_dir, nodes=3, shards=2, launcher=fake_launcher(), timeout=30, insecure=True)
     pids = [n["pid"] for n in description["nodes"]]
     try:
         assert description["leader"] == "n1"
@@ -670,15 +684,15 @@ def test_cluster_up_stop_start_and_down(tmp_path, fake_launcher, capsys):
 @pytest.mark.integration
 def test_cluster_restarts_from_its_recorded_description(tmp_path, fake_launcher):
     data_dir = tmp_path / "c"
-    first = cluster_mod.start_cluster(data_dir, nodes=2, launcher=fake_launcher(), timeout=30)
+    first = cluster_mod.start_cluster(data_dir, nodes=2, launcher=fake_launcher(), timeout=30, insecure=True)
     pids = [n["pid"] for n in first["nodes"]]
     try:
         with pytest.raises(cluster_mod.ClusterError, match="already running"):
-            cluster_mod.start_cluster(data_dir, nodes=2, timeout=30)
+            cluster_mod.start_cluster(data_dir, nodes=2, timeout=30, insecure=True)
         cluster_mod.stop_cluster(data_dir)
         with pytest.raises(cluster_mod.ClusterError, match="holds a cluster of 2 nodes"):
-            cluster_mod.start_cluster(data_dir, nodes=3, timeout=30)
-        again = cluster_mod.start_cluster(data_dir, nodes=2, timeout=30)
+            cluster_mod.start_cluster(data_dir, nodes=3, timeout=30, insecure=True)
+        again = cluster_mod.start_cluster(data_dir, nodes=2, timeout=30, insecure=True)
         pids += [n["pid"] for n in again["nodes"]]
         assert [n["grpc"] for n in again["nodes"]] == [n["grpc"] for n in first["nodes"]]
         assert again["nodes"][0]["command"] == first["nodes"][0]["command"]
@@ -690,7 +704,7 @@ def test_cluster_restarts_from_its_recorded_description(tmp_path, fake_launcher)
 @pytest.mark.integration
 def test_a_node_that_exits_fails_the_start_with_its_log(tmp_path, fake_launcher):
     with pytest.raises(cluster_mod.ClusterStartError) as caught:
-        cluster_mod.start_cluster(tmp_path / "c", nodes=2, launcher=fake_launcher("exit"), timeout=30)
+        cluster_mod.start_cluster(tmp_path / "c", nodes=2, launcher=fake_launcher("exit"), timeout=30, insecure=True)
     report = caught.value.report()
     assert "exited" in report and "exit code 3" in report and "fake node: cannot start" in report
     assert all(n["pid"] is None for n in cluster_mod.load_cluster(tmp_path / "c")["nodes"])
@@ -705,7 +719,7 @@ def test_a_silent_node_times_out_and_everything_is_stopped(tmp_path, fake_launch
         return spawned[-1]
 
     with pytest.raises(cluster_mod.ClusterStartError) as caught:
-        cluster_mod.start_cluster(tmp_path / "c", nodes=2, launcher=fake_launcher("silent"), timeout=2, spawn=spawn)
+        cluster_mod.start_cluster(tmp_path / "c", nodes=2, launcher=fake_launcher("silent"), timeout=2, spawn=spawn, insecure=True)
     assert "did not come up within 2 s" in str(caught.value)
     assert "not answering" in caught.value.report()
     assert len(spawned) == 2 and all_exited(spawned)
@@ -714,7 +728,7 @@ def test_a_silent_node_times_out_and_everything_is_stopped(tmp_path, fake_launch
 @pytest.mark.integration
 def test_stop_escalates_to_sigkill(tmp_path, fake_launcher):
     data_dir = tmp_path / "c"
-    description = cluster_mod.start_cluster(data_dir, nodes=1, launcher=fake_launcher("ignore-term"), timeout=30)
+    description = cluster_mod.start_cluster(data_dir, nodes=1, launcher=fake_launcher("ignore-term"), timeout=30, insecure=True)
     pid = description["nodes"][0]["pid"]
     try:
         assert cluster_mod.stop_node(data_dir, "n1", timeout=1) == "killed"

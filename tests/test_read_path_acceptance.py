@@ -33,16 +33,32 @@ def vbc_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def cli_to_file(args: list[str], out: Path) -> tuple[int, int, str]:
-    """Exit code, peak RSS (KiB) and stderr of one `vbc` command whose output goes to `out`."""
-    with open(out, "w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "vbc", *args], stdout=sink, stderr=subprocess.PIPE,
+    """Exit code, peak RSS (KiB) and stderr of one `vbc` command whose output goes to `out`.
+
+    The peak is the process's own VmHWM, sampled until it exits: the rusage of a child also counts the memory of
+    this (large) test process it was forked from, before its exec."""
+    with open(out, "w") as sink, open(out.with_suffix(".err"), "w+") as errors:
+        process = subprocess.Popen([sys.executable, "-m", "vbc", *args], stdout=sink, stderr=errors,
                                    cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        peak = 0
         try:
-            _, status, usage = os.wait4(process.pid, 0)
+            while process.poll() is None:
+                peak = max(peak, high_water_mark(process.pid))
+                time.sleep(0.05)
         finally:
             if process.poll() is None:
                 process.kill()
-        return os.waitstatus_to_exitcode(status), usage.ru_maxrss, process.stderr.read().decode()
+        errors.seek(0)
+        return process.returncode, peak, errors.read()
+
+
+def high_water_mark(pid: int) -> int:
+    """VmHWM of a running process, in KiB (0 once it is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in lines if line.startswith("VmHWM:")), 0)
 
 
 def million_rows(path: Path) -> Path:

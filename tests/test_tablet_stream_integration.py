@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from common.arrow_stream import batches_from_pieces
+from common.codec import scan_page_from_proto
 from vbc import client
 from vbcpb import vbc_pb2 as pb
 
@@ -48,7 +49,7 @@ def scan(cluster, node: str, table_id: str, tablet: dict) -> list[tuple]:
     pages = client.internode_stub(cluster.addr(node)).Scan(
         pb.ScanRequest(table_id=table_id, first_token=tablet["first_token"], last_token=tablet["last_token"]),
         timeout=30)
-    return [(row.token, str(row.values)) for page in pages for row in page.rows]
+    return [tuple(row.values()) for page in pages for row in scan_page_from_proto(page).batch.to_pylist()]
 
 
 def stored(cluster, node: str, table_id: str, tablet: dict) -> list[dict]:

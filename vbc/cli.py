@@ -127,6 +127,9 @@ def target_options() -> argparse.ArgumentParser:
     group = parent.add_mutually_exclusive_group()
     group.add_argument("--addr", type=host_port, metavar="HOST:PORT", help="gRPC address of any node")
     group.add_argument("--cluster", metavar="DIR", help="data dir of a local cluster (any live node of DIR/cluster.json)")
+    parent.add_argument("--credentials", type=absolute_path, metavar="DIR",
+                        help="certificates to connect with: ca.crt and client.USER.crt/.key (default: DIR/credentials "
+                             "with --cluster, else $VBC_CREDENTIALS, else plaintext)")
     return parent
 
 
@@ -163,6 +166,12 @@ def add_node_parser(commands) -> None:
                        help="start the Spark session and warm it up in the background when the node starts (default); "
                             "--no-spark-prestart starts it at the first view building batch, so the node holds no JVM "
                             "until it builds")
+    start.add_argument("--insecure", action="store_true",
+                       help="serve plaintext gRPC: any host that reaches the port can read and write every table and "
+                            "act as a node (logged as a warning, shown in vbc status); by default the node serves "
+                            "mutual TLS with ca.crt, node.crt and node.key of --certs-dir")
+    start.add_argument("--certs-dir", type=absolute_path, metavar="DIR",
+                       help="the node's certificates: ca.crt, node.crt, node.key (default: the data directory)")
     start.add_argument("--raft-secret-file", type=Path, metavar="FILE",
                        help="the cluster's Raft secret (`vbc cluster up` writes DIR/raft.secret, mode 0600); the same "
                             "on every node. Default: $VBC_RAFT_PASSWORD")
@@ -198,6 +207,9 @@ def add_cluster_parser(commands) -> None:
                          "local cluster's nodes run with it)")
     up.add_argument("--no-spark-prestart", dest="spark_prestart", action="store_false",
                     help="start the nodes with --no-spark-prestart: each starts Spark at its first view building batch")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC without certificates; by default DIR/credentials gets the cluster's CA and the "
+                         "client certificate of user root, and each node its node certificate")
     up.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
     up.set_defaults(handler=cmd_cluster_up, parser=up)
 
@@ -406,7 +418,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def target_addresses(args: argparse.Namespace) -> list[str]:
-    """The addresses named by --addr, --cluster or $VBC_ADDR (comma separated)."""
+    """The addresses named by --addr, --cluster or $VBC_ADDR (comma separated), connected to with --credentials."""
+    addresses = named_addresses(args)
+    if getattr(args, "credentials", None):
+        client.use_credentials(client.credentials_from(args.credentials), addresses)
+    return addresses
+
+
+def named_addresses(args: argparse.Namespace) -> list[str]:
     if args.addr:
         return [args.addr]
     if args.cluster:
@@ -461,6 +480,14 @@ def cmd_node_start(args: argparse.Namespace) -> int:
         return 1
     peers = dict(args.peers)
     secret = raft_secret(args.raft_secret_file)
+    if not args.insecure:  # this process's own calls to the cluster go with the node's certificate
+        from common.certs import CertificateError
+        from node.security import channel_credentials, load_node_material
+        try:
+            client.use_credentials(channel_credentials(load_node_material(args.certs_dir or args.data_dir)))
+        except CertificateError as error:
+            print(f"error: node {args.id} cannot start: {error}", file=sys.stderr)
+            return 1
     try:
         if args.join:
             refuse_other_secret(secret, args.join)
@@ -475,6 +502,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     args.data_dir.mkdir(parents=True, exist_ok=True)
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
                         peers=peers, shards=args.shards, storage_url=args.storage_url, raft_password=secret,
+                        insecure=args.insecure, certs_dir=args.certs_dir,
                         metrics_addr=args.metrics, spark_memory=args.spark_memory,
                         limits=node_limits(args), enable_injections=args.enable_injections,
                         spark_prestart=args.spark_prestart,
@@ -578,7 +606,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             cluster = cluster_mod.start_cluster(
                 args.data_dir, nodes=args.nodes, shards=args.shards, base_port=args.base_port,
                 storage_url=args.storage_url, timeout=args.timeout, injections=args.injections,
-                spark_prestart=args.spark_prestart,
+                spark_prestart=args.spark_prestart, insecure=args.insecure,
                 progress=lambda message: spinner.update(f"starting: {message}"),
             )
     except cluster_mod.ClusterStartError as exc:

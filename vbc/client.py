@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -43,7 +44,8 @@ class ClusterFileError(Exception):
 
 
 def connect(addr: str) -> grpc.Channel:
-    """An insecure channel to `addr` (HOST:PORT), cached per address for the life of the process."""
+    """A channel to `addr` (HOST:PORT), cached per address for the life of the process: over mutual TLS with the
+    credentials given for it (`use_credentials`, else $VBC_CREDENTIALS), plaintext when there are none."""
     with _channels_lock:
         return _cached_channel(addr)
 
@@ -51,8 +53,76 @@ def connect(addr: str) -> grpc.Channel:
 def _cached_channel(addr: str) -> grpc.Channel:
     channel = _channels.get(addr)
     if channel is None:
-        channel = _channels[addr] = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+        credentials = _credentials.get(addr) or _default_credentials()
+        channel = _channels[addr] = (grpc.insecure_channel(addr, options=CHANNEL_OPTIONS) if credentials is None
+                                     else grpc.secure_channel(addr, credentials, options=CHANNEL_OPTIONS))
     return channel
+
+
+# ------------------------------------------------------------------ credentials
+
+CREDENTIALS_ENV = "VBC_CREDENTIALS"
+CREDENTIALS_DIR = "credentials"  # DIR/credentials of `vbc cluster up`: ca.crt, client.root.crt, client.root.key
+DEFAULT_USER = "root"
+_credentials: dict[str, grpc.ChannelCredentials] = {}  # by address
+_from_environment: list[grpc.ChannelCredentials | None] = []  # loaded once, from $VBC_CREDENTIALS
+
+
+def credentials_from(directory: str | Path, user: str | None = None) -> grpc.ChannelCredentials:
+    """Channel credentials from a folder laid out as DIR/credentials: ca.crt and client.USER.crt/.key (USER: `user`,
+    else root, else the only client certificate there), or a node's node.crt/.key."""
+    from common import certs
+    folder = Path(directory)
+    if user is None:
+        users = sorted(p.name[len("client."):-len(".crt")] for p in folder.glob("client.*.crt"))
+        user = DEFAULT_USER if DEFAULT_USER in users or not users else users[0] if len(users) == 1 else None
+        if user is None:
+            raise certs.CertificateError(f"{folder} holds client certificates of {', '.join(users)}: name one with "
+                                         "--user")
+        if not users and (folder / certs.NODE_CERT).exists():
+            return grpc.ssl_channel_credentials(**certs.node_tls_material(folder)._asdict())
+    return grpc.ssl_channel_credentials(**certs.client_tls_material(folder, user)._asdict())
+
+
+def use_credentials(credentials: grpc.ChannelCredentials | None, addresses: Iterable[str] | None = None) -> None:
+    """Connect to `addresses` (every address without credentials of its own, when None) with `credentials`."""
+    with _channels_lock:
+        if addresses is None:
+            _from_environment[:] = [credentials]
+            stale = list(_channels)
+        else:
+            stale = [a for a in addresses if _credentials.get(a) is not credentials]
+            for address in stale:
+                if credentials is None:
+                    _credentials.pop(address, None)
+                else:
+                    _credentials[address] = credentials
+        for address in stale:
+            _client_stubs.pop(address, None)
+            channel = _channels.pop(address, None)
+            if channel is not None:
+                channel.close()
+
+
+def _default_credentials() -> grpc.ChannelCredentials | None:
+    if not _from_environment:
+        folder = os.environ.get(CREDENTIALS_ENV, "")
+        _from_environment.append(credentials_from(folder) if folder else None)
+    return _from_environment[0]
+
+
+def use_cluster_credentials(data_dir: str | Path, addresses: Iterable[str]) -> None:
+    """The credentials of a local cluster's DIR/credentials for its addresses (nothing for an insecure cluster)."""
+    folder = (Path(data_dir) / CREDENTIALS_DIR).resolve()
+    if not (folder / "ca.crt").exists():
+        return
+    credentials = _cluster_credentials.get(folder)
+    if credentials is None:
+        credentials = _cluster_credentials[folder] = credentials_from(folder)
+    use_credentials(credentials, addresses)
+
+
+_cluster_credentials: dict[Path, grpc.ChannelCredentials] = {}  # by DIR/credentials folder
 
 
 def close_all() -> None:
@@ -109,8 +179,11 @@ def read_cluster_file(data_dir: str | Path) -> dict:
 
 
 def addresses_from_cluster(data_dir: str | Path) -> list[str]:
-    """The gRPC addresses of every node listed in DIR/cluster.json, in file order."""
-    return [node["grpc"] for node in read_cluster_file(data_dir)["nodes"]]
+    """The gRPC addresses of every node listed in DIR/cluster.json, in file order (connected to with the cluster's
+    DIR/credentials when it has them)."""
+    addresses = [node["grpc"] for node in read_cluster_file(data_dir)["nodes"]]
+    use_cluster_credentials(data_dir, addresses)
+    return addresses
 
 
 def node_address_from_cluster(data_dir: str | Path, node_id: str) -> str | None:
@@ -325,6 +398,7 @@ def node_status_to_dict(node: pb.NodeStatus) -> dict:
         "schema_version": node.schema_version,
         "pending_view_updates": node.pending_view_updates,
         "worker": worker_stats_to_dict(node.worker) if node.HasField("worker") else None,
+        "insecure": node.insecure,
     }
 
 

@@ -143,6 +143,8 @@ def status_nodes_table(nodes: list[dict], leader: str) -> Table:
     for node in sorted(nodes, key=lambda n: (len(n["id"]), n["id"])):
         name = Text(node["id"] + (" (leader)" if node["id"] == leader else ""))
         alive = Text("up", style="green") if node["alive"] else Text("DOWN", style="bold red")
+        if node.get("insecure"):
+            alive = Text.assemble(alive, (" INSECURE", "bold yellow"))
         table.add_row(name, cell(node["grpc"]), cell(node.get("raft", "")), alive, cell(node.get("shards", "")),
                       cell(node.get("schema_version", "")), cell(node.get("pending_view_updates", "")),
                       spark_text(node.get("worker")), worker_text(node.get("worker")))

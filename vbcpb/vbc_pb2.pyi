@@ -244,7 +244,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("id", "grpc", "raft", "alive", "shards", "schema_version", "pending_view_updates", "worker")
+    __slots__ = ("id", "grpc", "raft", "alive", "shards", "schema_version", "pending_view_updates", "worker", "insecure")
     ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_FIELD_NUMBER: _ClassVar[int]
     RAFT_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +253,7 @@ class NodeStatus(_message.Message):
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     PENDING_VIEW_UPDATES_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    INSECURE_FIELD_NUMBER: _ClassVar[int]
     id: str
     grpc: str
     raft: str
@@ -261,7 +262,8 @@ class NodeStatus(_message.Message):
     schema_version: int
     pending_view_updates: int
     worker: WorkerStats
-    def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., schema_version: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ...) -> None: ...
+    insecure: bool
+    def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., schema_version: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., insecure: _Optional[bool] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
     __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed", "spark_state", "spark_error", "spark_start_s", "read_s", "spark_s", "merge_s", "failures")
@@ -681,7 +683,7 @@ class LocalStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LocalStatusResponse(_message.Message):
-    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader", "worker", "streams", "raft_secret_fingerprint")
+    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader", "worker", "streams", "raft_secret_fingerprint", "insecure")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -691,6 +693,7 @@ class LocalStatusResponse(_message.Message):
     WORKER_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     RAFT_SECRET_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    INSECURE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     schema_version: int
     applied_index: int
@@ -700,7 +703,8 @@ class LocalStatusResponse(_message.Message):
     worker: WorkerStats
     streams: _containers.RepeatedCompositeFieldContainer[TabletStreamProgress]
     raft_secret_fingerprint: str
-    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[TabletStreamProgress, _Mapping]]] = ..., raft_secret_fingerprint: _Optional[str] = ...) -> None: ...
+    insecure: bool
+    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[TabletStreamProgress, _Mapping]]] = ..., raft_secret_fingerprint: _Optional[str] = ..., insecure: _Optional[bool] = ...) -> None: ...
 
 class ArrowChunk(_message.Message):
     __slots__ = ("table_id", "shard", "schema_version", "ipc", "rows")
