@@ -111,7 +111,7 @@ def test_single_node_serves_prometheus_metrics_and_stops_on_sigterm(tmp_path):
 
     grpc_addr, raft_addr, metrics_addr = (f"127.0.0.1:{free_port()}" for _ in range(3))
     node = subprocess.Popen([sys.executable, "-m", "vbc", "node", "start", "--id", "n1", "--data-dir", str(tmp_path),
-                             "--grpc", grpc_addr, "--raft", raft_addr, "--metrics", metrics_addr],
+                             "--grpc", grpc_addr, "--raft", raft_addr, "--metrics", metrics_addr, "--insecure"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "VBC_RAFT_PASSWORD": "a secret of this test"})
     try:

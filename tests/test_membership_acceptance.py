@@ -84,7 +84,7 @@ def test_nodes_join_leave_and_a_dead_one_is_removed_during_a_build(cluster):
     survivor = next(n for n in ("n3", "n4", "n5") if n not in (leaving, dead))
     refused = vbc("node", "start", "--id", dead, "--data-dir", str(cluster.data_dir / dead), "--grpc", "127.0.0.1:1",
                   "--raft", "127.0.0.1:2", "--peers", f"{survivor}={cluster.addr(survivor)}/127.0.0.1:3",
-                  "--raft-secret-file", str(cluster.data_dir / "raft.secret"), timeout=60)
+                  "--raft-secret-file", str(cluster.data_dir / "raft.secret"), "--insecure", timeout=60)
     assert refused.returncode == 1 and "was removed from the cluster" in refused.stderr, refused.stderr
 
 

@@ -112,7 +112,7 @@ def test_a_node_with_a_relative_data_dir_builds_a_view_that_checks_clean(tmp_pat
     grpc_addr, raft_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     with open(tmp_path / "node.log", "wb") as node_log:
         node = subprocess.Popen([sys.executable, "-m", "vbc", "node", "start", "--id", "n1", "--data-dir", "rel/n1",
-                                 "--grpc", grpc_addr, "--raft", raft_addr], cwd=tmp_path, stdout=node_log,
+                                 "--grpc", grpc_addr, "--raft", raft_addr, "--insecure"], cwd=tmp_path, stdout=node_log,
                                 stderr=subprocess.STDOUT,
                                 env={**cluster_mod.child_env(die_with_parent=False), "VBC_RAFT_PASSWORD": "a test's secret"})
     try:
