@@ -49,7 +49,8 @@ def test_cluster_up_exec_status_tablets_inject_down(cluster_dir):
         vbc("inject", "--cluster", d, "--node", node, "coordinator_pause_main_loop", "--enable", "--mode", "pause")
     vbc("exec", "--cluster", d, "CREATE MATERIALIZED VIEW ks.mv AS SELECT * FROM ks.t WHERE c IS NOT NULL "
                                 "AND key IS NOT NULL PRIMARY KEY (c, key)")
-    vbc("exec", "--addr", described["nodes"][1]["grpc"], "INSERT INTO ks.t (key, c, v) VALUES (1, 2, 'x')")
+    vbc("exec", "--addr", described["nodes"][1]["grpc"], "--credentials", str(cluster_dir / "credentials"),
+        "INSERT INTO ks.t (key, c, v) VALUES (1, 2, 'x')")
     vbc("exec", "--cluster", d, "UPDATE ks.t SET v = 'y' WHERE key = 1 AND c = 2")
     out = vbc("exec", "--cluster", d, "--json", "SELECT * FROM ks.mv ALLOW STALE").stdout
     assert [json.loads(line) for line in out.splitlines()] == [{"c": 2, "key": 1, "v": "y"}]

@@ -33,7 +33,7 @@ def test_a_node_with_another_raft_secret_refuses_to_start_and_says_why(tmp_path)
     with LocalCluster(nodes=3) as cluster:
         secret = cluster.data_dir / cluster_mod.RAFT_SECRET_NAME
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and len(secret.read_text().strip()) == 64
-        assert all(str(secret) in node["command"] for node in cluster.nodes())
+        assert all(str(secret) in node["command"] for node in cluster.nodes)
         assert secret.read_text().strip() not in (cluster.data_dir / "cluster.json").read_text()
 
         command = cluster.node("n3")["command"]
