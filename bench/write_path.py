@@ -2,7 +2,8 @@
 latency (beside the same gRPC calls with empty handlers, for a ratio), and Raft commit latency.
 
 Run: `make bench` or `.venv/bin/python bench/write_path.py [--rows N] [--batch B] [--arrow-batch A] [--clients C]
-[--repeat R]`.
+[--repeat R] [--insecure]`; `--compare-tls` measures TLS against `--insecure` instead (3 nodes RF 3, single-row
+p50 and Arrow batches, R pairs of fresh clusters). Clusters serve mutual TLS, as `vbc cluster up` does by default.
 For 1 node RF 1 and 3 nodes RF 3, each with 0 and 1 materialized view, rows/s of four ways to write the same rows:
 `text` (BEGIN BATCH statement text of B INSERTs), `prepared` (one prepared INSERT, B value sets per execution),
 `arrow` (the prepared INSERT with A value sets as one Arrow IPC stream), `load` (`vbc load` of a Parquet file, A
@@ -163,12 +164,13 @@ class Paired:
 
 
 def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int, arrow_batch: int,
-                  clients: int, repeat: int) -> tuple[dict[str, Paired], Latencies | None]:
+                  clients: int, repeat: int, insecure: bool = False,
+                  methods: tuple[str, ...] = METHODS) -> tuple[dict[str, Paired], Latencies | None]:
     """Per method, `repeat` runs through one fresh cluster (a table per run), each paired with a SQLite baseline run
-    just before it; and single-row latencies (3 nodes only)."""
+    just before it; and single-row latencies (3 nodes only). The cluster serves mutual TLS unless `insecure`."""
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        cluster = start_cluster(tmp / "cluster", nodes=nodes, die_with_parent=True)
+        cluster = start_cluster(tmp / "cluster", nodes=nodes, die_with_parent=True, insecure=insecure)
         try:
             addresses = [n["grpc"] for n in cluster["nodes"]]
             client.execute(addresses[0], f"CREATE KEYSPACE bench WITH replication = {{'rf': {rf}}} "
@@ -186,7 +188,7 @@ def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int
                 wait_for_view_updates(addresses)
                 return rate, baseline
 
-            rates = {method: Paired.of([run_once(method, run) for run in range(repeat)]) for method in METHODS}
+            rates = {method: Paired.of([run_once(method, run) for run in range(repeat)]) for method in methods}
             latencies = None
             if nodes == 3:
                 os.sync()  # the runs above left the machine writing back their pages
@@ -262,6 +264,27 @@ def _run_clients(statements: list[tuple], addresses: list[str], clients: int) ->
     return elapsed
 
 
+def compare_tls(rows: list[tuple], args: argparse.Namespace) -> None:
+    """TLS against plaintext on 3 nodes RF 3, no view: single-row INSERT p50 and Arrow batch rows/s, `args.repeat`
+    pairs of fresh clusters (TLS first, then plaintext), and the medians of the per-pair ratios."""
+    p50s, rates = {True: [], False: []}, {True: [], False: []}
+    for _ in range(args.repeat):
+        for insecure in (False, True):
+            paired, latencies = cluster_rates(3, 3, 0, rows, args.batch, args.arrow_batch, args.clients, 1,
+                                              insecure, methods=("arrow",))
+            p50s[insecure].append(statistics.median(latencies.inserts))
+            rates[insecure].append(paired["arrow"].ours)
+    p50_ratios = [tls / plain for tls, plain in zip(p50s[False], p50s[True])]
+    rate_ratios = [tls / plain for tls, plain in zip(rates[False], rates[True])]
+    print("\nTLS against --insecure, 3 nodes RF 3, no view, " + f"{args.repeat} pairs of clusters:")
+    print("  single-row prepared INSERT p50: TLS " + ", ".join(f"{v * 1000:.2f}" for v in p50s[False]) + " ms; insecure "
+          + ", ".join(f"{v * 1000:.2f}" for v in p50s[True]) + f" ms; ratio {statistics.median(p50_ratios):.2f} "
+          "(target <= 1.3)")
+    print("  Arrow batches: TLS " + ", ".join(f"{v:,.0f}" for v in rates[False]) + " rows/s; insecure "
+          + ", ".join(f"{v:,.0f}" for v in rates[True]) + f" rows/s; ratio {statistics.median(rate_ratios):.2f} "
+          "(target >= 0.9)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20_000)
@@ -272,16 +295,23 @@ def main() -> None:
     parser.add_argument("--raft-n", type=int, default=1000, help="Raft commands for the latency figure (0: skip it)")
     parser.add_argument("--configs", default=",".join(f"{n}/{rf}/{v}" for n, rf, v in CONFIGS),
                         help="nodes/rf/views of each cluster to measure, comma separated (default: all four)")
+    parser.add_argument("--insecure", action="store_true", help="clusters serve plaintext gRPC (default: mutual TLS)")
+    parser.add_argument("--compare-tls", action="store_true",
+                        help="only 3 nodes RF 3: Arrow batches and single-row INSERTs over TLS and with --insecure, "
+                             "alternating clusters, and their ratios")
     args = parser.parse_args()
     configs = [tuple(int(part) for part in config.split("/")) for config in args.configs.split(",")]
 
     rows = make_rows(args.rows)
+    if args.compare_tls:
+        compare_tls(rows, args)
+        return
     print(f"write path: {args.rows:,} rows; text/prepared: {args.batch} per execution, arrow/load: "
           f"{args.arrow_batch} per execution; {args.clients} concurrent clients (load: one process); "
           f"medians of {args.repeat} runs, each paired with a SQLite executemany run of the same rows")
     for nodes, rf, views in configs:
         ours, latencies = cluster_rates(nodes, rf, views, rows, args.batch, args.arrow_batch, args.clients,
-                                        args.repeat)
+                                        args.repeat, args.insecure)
         pg = postgres_baselines(rows, args.batch, bool(views))
         print(f"\n{nodes} node{'s' if nodes > 1 else ''} RF {rf}, {views} view{'s' if views != 1 else ''}: "
               + (f"PostgreSQL executemany {pg['executemany']:,.0f}, COPY {pg['copy']:,.0f} rows/s ({args.batch}/txn)"

@@ -163,3 +163,40 @@ def _paged_in_turn(addresses: list[str], statement: str, page_size: int) -> list
         if not page.paging_state:
             return rows
         state = page.paging_state
+
+
+FILTERING = "might involve data filtering and thus may have unpredictable performance"
+STATEMENTS = [  # (statement, None when accepted, else words of its refusal), run in order on one node
+    ("CREATE TABLE ks.r (key int, c1 int, c2 int, v text, PRIMARY KEY (key, c1, c2))", None),
+    ("CREATE MATERIALIZED VIEW ks.some AS SELECT * FROM ks.r WHERE key IN (1, 4, 9) AND c1 IS NOT NULL "
+     "AND c2 IS NOT NULL PRIMARY KEY (c1, key, c2)", None),
+    ("CREATE MATERIALIZED VIEW ks.by_v AS SELECT * FROM ks.r WHERE v IS NOT NULL AND c1 IS NOT NULL "
+     "PRIMARY KEY (v, key, c1, c2)", "Primary key column 'c2' is required to be filtered by 'IS NOT NULL'"),
+    ("CREATE MATERIALIZED VIEW ks.by_v AS SELECT * FROM ks.r WHERE v = 'a' AND c1 > 0 AND c2 IS NOT NULL "
+     "PRIMARY KEY (v, key, c1, c2)", None),
+    ("SELECT * FROM ks.r WHERE key = 1", None),
+    ("SELECT * FROM ks.r WHERE key = 1 AND c1 = 2 AND c2 > 0", None),
+    ("SELECT * FROM ks.r WHERE v = 'a'", FILTERING),
+    ("SELECT * FROM ks.r WHERE v = 'a' ALLOW FILTERING", None),
+    ("SELECT * FROM ks.r WHERE c1 = 2", FILTERING),
+    ("SELECT * FROM ks.r WHERE key = 1 AND c2 = 3",
+     'PRIMARY KEY column "c2" cannot be restricted as preceding column "c1" is not restricted'),
+    ("SELECT * FROM ks.r WHERE key > 1", "Only EQ and IN relation are supported on the partition key"),
+    ("SELECT * FROM ks.r WHERE key = 1 AND v != 'a'", 'Unsupported "!=" relation'),
+    ("SELECT * FROM ks.r WHERE key = 1 AND v IS NOT NULL", "Unsupported restriction: v IS NOT NULL"),
+    ("SELECT max(v), count(*) FROM ks.r WHERE key IN (1, 4)", None),
+    ("SELECT sum(v) FROM ks.r", "sum() does not take a text column"),
+    ("SELECT key, count(*) FROM ks.r", "cannot mix aggregates with plain columns"),
+]
+
+
+def test_view_definitions_and_queries_are_accepted_and_refused_as_cql_does():
+    with LocalCluster(nodes=1, spark_prestart=False) as cluster:
+        addresses = cluster.addresses()
+        client.execute(addresses, "CREATE KEYSPACE ks WITH replication = {'rf': 1} AND tablets = {'initial': 2}")
+        for statement, refusal in STATEMENTS:
+            if refusal is None:
+                client.execute(addresses, statement)
+                continue
+            code, message = refused(addresses, statement)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and refusal in message, (statement, message)
