@@ -406,6 +406,9 @@ def run(args: argparse.Namespace) -> int:
         return args.handler(args) or 0
     except grpc.RpcError as exc:
         print(f"error: {client.error_text(exc)}", file=sys.stderr)
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and not client.has_credentials():
+            print("hint: nodes serve TLS unless started with --insecure: connect with --cluster DIR (its "
+                  "DIR/credentials), --credentials DIR or $VBC_CREDENTIALS", file=sys.stderr)
     except (cluster_mod.ClusterError, client.ClusterFileError, LookupError) as exc:
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
     except KeyboardInterrupt:

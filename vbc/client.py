@@ -104,6 +104,11 @@ def use_credentials(credentials: grpc.ChannelCredentials | None, addresses: Iter
                 channel.close()
 
 
+def has_credentials() -> bool:
+    """Whether this process connects to any node with certificates."""
+    return bool(_credentials) or _default_credentials() is not None
+
+
 def _default_credentials() -> grpc.ChannelCredentials | None:
     if not _from_environment:
         folder = os.environ.get(CREDENTIALS_ENV, "")
