@@ -23,6 +23,8 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
 
+from coordinator.core.views import COMPARISONS
+
 from .arrow_layouts import arrow_type, ts_column_name, value_column_name
 from .cells import TableSpec
 from .store import NodeStore, deleted
@@ -107,7 +109,7 @@ class _Columns:
         if op == "IN":
             test = value.in_([sa.bindparam(f"{name}_{k}") for k in range(never)])
         else:
-            test = _COMPARISONS[op](value, sa.bindparam(name))
+            test = COMPARISONS[op](value, sa.bindparam(name))
         if self.types[column] != "double":
             return test
         if op == "!=":
@@ -126,15 +128,6 @@ def _finite(values) -> list:
     return [v for v in values if not (isinstance(v, float) and math.isnan(v))]
 
 
-_COMPARISONS = {
-    "=": lambda column, value: column == value,
-    "!=": lambda column, value: column != value,
-    "<": lambda column, value: column < value,
-    "<=": lambda column, value: column <= value,
-    ">": lambda column, value: column > value,
-    ">=": lambda column, value: column >= value,
-    "IN": lambda column, values: column.in_(values),
-}
 
 
 def _shape(read: RangeRead) -> tuple:

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from bench.read_path import high_water_mark
 from tests.cluster_harness import LocalCluster
 from vbc import client, reads
 
@@ -50,15 +51,6 @@ def cli_to_file(args: list[str], out: Path) -> tuple[int, int, str]:
                 process.kill()
         errors.seek(0)
         return process.returncode, peak, errors.read()
-
-
-def high_water_mark(pid: int) -> int:
-    """VmHWM of a running process, in KiB (0 once it is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return 0
-    return next((int(line.split()[1]) for line in lines if line.startswith("VmHWM:")), 0)
 
 
 def million_rows(path: Path) -> Path:

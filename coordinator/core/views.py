@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 from .schema import Filter, Table
@@ -26,17 +27,12 @@ def _passes(term: Filter, value: object) -> bool:
         return False
     if term.op == "IN":
         return value in term.value
-    return _COMPARE[term.op](value, term.value)
+    return COMPARISONS[term.op](value, term.value)
 
 
-_COMPARE = {
-    "=": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-}
+# A WHERE comparison as the operator it is; a SQL column expression takes them as well as a Python value does.
+COMPARISONS = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+               ">=": operator.ge}
 
 
 def matches(terms: tuple[Filter, ...], row: dict) -> bool:
