@@ -171,9 +171,5 @@ def batch_ipc(batch: pa.RecordBatch) -> bytes:
 
 def batch_from_ipc(data: bytes) -> pa.RecordBatch:
     """The record batch of `batch_ipc` bytes (an empty stream: an empty batch of its schema)."""
-    reader = pa.ipc.open_stream(data)
-    batches = list(reader)
-    if len(batches) == 1:
-        return batches[0]
-    return pa.Table.from_batches(batches, schema=reader.schema).combine_chunks().to_batches()[0] if batches else \
-        pa.RecordBatch.from_pylist([], schema=reader.schema)
+    table = pa.ipc.open_stream(data).read_all().combine_chunks()
+    return table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)

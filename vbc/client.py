@@ -76,13 +76,21 @@ def credentials_from(directory: str | Path, user: str | None = None) -> grpc.Cha
     folder = Path(directory)
     if user is None:
         users = sorted(p.name[len("client."):-len(".crt")] for p in folder.glob("client.*.crt"))
-        user = DEFAULT_USER if DEFAULT_USER in users or not users else users[0] if len(users) == 1 else None
-        if user is None:
-            raise certs.CertificateError(f"{folder} holds client certificates of {', '.join(users)}: name one with "
-                                         "--user")
         if not users and (folder / certs.NODE_CERT).exists():
             return grpc.ssl_channel_credentials(**certs.node_tls_material(folder)._asdict())
+        user = _the_user(folder, users)
     return grpc.ssl_channel_credentials(**certs.client_tls_material(folder, user)._asdict())
+
+
+def _the_user(folder: Path, users: list[str]) -> str:
+    """Whose client certificate of `folder` to connect with: root's, else the only one there."""
+    if DEFAULT_USER in users or not users:
+        return DEFAULT_USER
+    if len(users) == 1:
+        return users[0]
+    from common import certs
+    raise certs.CertificateError(f"{folder} holds the client certificates of {', '.join(users)}: give a folder "
+                                 f"holding only the one to connect with (or {DEFAULT_USER}'s)")
 
 
 def use_credentials(credentials: grpc.ChannelCredentials | None, addresses: Iterable[str] | None = None) -> None:
