@@ -20,6 +20,8 @@ class NodeMetrics:
                                         ["code"], registry=r)
         self.statement_seconds = Histogram("vbc_statement_seconds", "Statement latency at the coordinating node",
                                            ["kind"], registry=r)
+        self.failed_logins = Counter("vbc_failed_logins_total", "Logins refused by this node, by reason",
+                                     ["reason"], registry=r)
         self.rows_applied = Counter("vbc_rows_applied_total", "Rows whose stored state changed on this replica",
                                     ["role"], registry=r)
         self.view_updates_sent = Counter("vbc_view_updates_sent_total",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 
@@ -36,6 +36,15 @@ __all__ = [
     "DropTable",
     "DropView",
     "DropIndex",
+    "PERMISSIONS",
+    "RoleResource",
+    "CreateRole",
+    "AlterRole",
+    "DropRole",
+    "Grant",
+    "Revoke",
+    "ListRoles",
+    "ListPermissions",
     "Statement",
 ]
 
@@ -211,6 +220,74 @@ class DropIndex:
     if_exists: bool
 
 
+PERMISSIONS = ("SELECT", "MODIFY", "CREATE", "ALTER", "DROP")
+
+
+@dataclass(frozen=True)
+class RoleResource:
+    """What a permission is granted on: every keyspace, one keyspace, or one table (or view)."""
+
+    keyspace: str | None = None  # None: ALL KEYSPACES
+    table: str | None = None  # None: the whole keyspace
+
+
+@dataclass(frozen=True)
+class CreateRole:
+    """CREATE ROLE; an option not given is None. The password is left out of the repr."""
+
+    name: str
+    password: str | None = field(repr=False)
+    login: bool | None
+    superuser: bool | None
+    if_not_exists: bool
+
+
+@dataclass(frozen=True)
+class AlterRole:
+    """ALTER ROLE; an option not given (left unchanged) is None. The password is left out of the repr."""
+
+    name: str
+    password: str | None = field(repr=False)
+    login: bool | None
+    superuser: bool | None
+
+
+@dataclass(frozen=True)
+class DropRole:
+    name: str
+    if_exists: bool
+
+
+@dataclass(frozen=True)
+class Grant:
+    """GRANT; ``permissions`` are names from PERMISSIONS (ALL gives all five, in that order)."""
+
+    permissions: tuple[str, ...]
+    resource: RoleResource
+    role: str
+
+
+@dataclass(frozen=True)
+class Revoke:
+    permissions: tuple[str, ...]
+    resource: RoleResource
+    role: str
+
+
+@dataclass(frozen=True)
+class ListRoles:
+    pass
+
+
+@dataclass(frozen=True)
+class ListPermissions:
+    """LIST permissions; ``resource`` None means on every resource, ``role`` None of every role."""
+
+    permissions: tuple[str, ...]
+    resource: RoleResource | None
+    role: str | None
+
+
 Statement = (
     CreateKeyspace
     | AlterKeyspace
@@ -227,4 +304,11 @@ Statement = (
     | DropTable
     | DropView
     | DropIndex
+    | CreateRole
+    | AlterRole
+    | DropRole
+    | Grant
+    | Revoke
+    | ListRoles
+    | ListPermissions
 )

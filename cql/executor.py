@@ -6,12 +6,14 @@ from collections.abc import Callable, Iterator
 
 from common.injection import Injections
 from common.metrics import NodeMetrics
+from coordinator.core.auth import CLUSTER, Principal
 from coordinator.core.errors import InvalidArgument
 from coordinator.core.schema import Table
 from replica.read_path import ReadCoordinator
 from replica.write_path import TableDropped, WriteCoordinator
 
 from . import BindError, ast, bind, parse
+from .authorization import StatementAuthorization
 from .catalog import Catalog, Group0Client, keyspace_of
 from .columnar import ArrowValues, NotColumnar
 from .ddl import SchemaAgreement, SchemaStatements
@@ -19,6 +21,7 @@ from .dml import WRITES, WriteStatements
 from .limits import Limits
 from .prepared import UNPREPARED, Prepared, PreparedCache, Unprepared, changed_table, prepare
 from .result import Result
+from .roles import ROLE_STATEMENTS, RoleStatements
 from .select import SelectStatements
 
 
@@ -32,6 +35,8 @@ class Executor:
         self._schema = SchemaStatements(group0, injections, schema_agreement)
         self._writes = WriteStatements(self._catalog, writer, now)
         self._selects = SelectStatements(self._catalog, reader)
+        self._roles = RoleStatements(group0)
+        self._authorization = StatementAuthorization(self._catalog)
         self._metrics = metrics
         self.limits = limits or Limits()
         self._prepared = PreparedCache()
@@ -39,19 +44,24 @@ class Executor:
     def prepare(self, text: str) -> Prepared:
         """Parse and resolve `text` once; its id and bind columns (INVALID_ARGUMENT/NOT_FOUND as executing it)."""
         self.limits.check_statement(text)
-        prepared = prepare(text, _parse_cached(text), self._resolve)
+        statement = _parse_cached(text)
+        if isinstance(statement, ROLE_STATEMENTS):
+            raise InvalidArgument(f"{type(statement).__name__} cannot be prepared: run it as a plain statement")
+        prepared = prepare(text, statement, self._resolve)
         self._prepared.add(prepared)
         return prepared
 
     def execute(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "",
-                page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None) -> Result:
+                page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None,
+                principal: Principal = CLUSTER) -> Result:
         """`answer`, with a SELECT's rows as lists in `rows` too."""
-        return _with_rows(self.answer(text, params, prepared_id, page_size, paging_state, deadline))
+        return _with_rows(self.answer(text, params, prepared_id, page_size, paging_state, deadline, principal))
 
     def answer(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "",
-               page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None) -> Result:
+               page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None,
+               principal: Principal = CLUSTER) -> Result:
         """One Result: a SELECT's every row (without `page_size`), or its page from `paging_state` on."""
-        pages = self.execute_pages(text, page_size, params, prepared_id, paging_state, deadline)
+        pages = self.execute_pages(text, page_size, params, prepared_id, paging_state, deadline, principal)
         try:
             return next(pages)
         finally:
@@ -59,8 +69,9 @@ class Executor:
 
     def execute_pages(self, text: str, page_size: int | None, params: list[list] | ArrowValues | None = None,
                       prepared_id: str = "", paging_state: bytes = b"",
-                      deadline: float | None = None) -> Iterator[Result]:
-        """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set.
+                      deadline: float | None = None, principal: Principal = CLUSTER) -> Iterator[Result]:
+        """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set,
+        if `principal` holds the permissions it needs.
 
         Value sets given as Arrow columns (their sizes checked by the caller) feed a prepared INSERT as one
         columnar write; everything else gets them as rows. A SELECT answers pages of `page_size` rows from
@@ -69,7 +80,13 @@ class Executor:
         statement = self._statement(text, None if arrow else params, prepared_id)
         kind = type(statement).__name__
         self._metrics.statements.labels(kind).inc()
+        self._authorization.check(principal, statement)
         with self._metrics.statement_seconds.labels(kind).time():
+            if isinstance(statement, ROLE_STATEMENTS):
+                if params:
+                    raise InvalidArgument(f"{kind} takes no bind values")
+                yield self._roles.run(principal, statement)
+                return
             if isinstance(statement, WRITES):
                 yield self._write(statement, params, prepared_id)
                 return

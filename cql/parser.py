@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from types import MappingProxyType
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,24 +19,33 @@ from .limits import MAX_LIMIT
 
 from .ast import (
     AGGREGATE_FUNCTIONS,
+    PERMISSIONS,
     SelectAggregate,
     AlterKeyspace,
+    AlterRole,
     AlterTable,
     Batch,
     BindMarker,
     ColumnDef,
     CreateIndex,
     CreateKeyspace,
+    CreateRole,
     CreateTable,
     CreateView,
     Delete,
     DropIndex,
     DropKeyspace,
+    DropRole,
     DropTable,
     DropView,
+    Grant,
     Insert,
+    ListPermissions,
+    ListRoles,
     QualifiedName,
     Relation,
+    Revoke,
+    RoleResource,
     Select,
     Statement,
     Update,
@@ -181,6 +191,33 @@ def _qual(at: _At) -> QualifiedName:
 def _key_parts(pk: _PrimaryKey) -> tuple[tuple[str, ...], tuple[str, ...]]:
     _check_unique(pk.partition + pk.clustering, "PRIMARY KEY")
     return _values(pk.partition), _values(pk.clustering)
+
+
+_ROLE_OPTIONS = ("password", "login", "superuser")
+
+
+def _role_option_value(name: str, lit: _At) -> Any:
+    """The value of role option `name`; errors never show it (it may be a password)."""
+    if name == "password":
+        if isinstance(lit.value, BindMarker):
+            _fail("PASSWORD takes a 'string' literal, not a bind marker (?)", lit)
+        if type(lit.value) is not str:
+            _fail("PASSWORD takes a 'string' literal", lit)
+    elif type(lit.value) is not bool:
+        _fail(f"{name.upper()} takes true or false", lit)
+    return lit.value
+
+
+def _role_options(opts: Iterable[tuple[_At, _At]]) -> dict[str, Any]:
+    """The role options given, by lower-case name (a CqlSyntaxError for an unknown or repeated one)."""
+    found: dict[str, Any] = {}
+    for name, lit in opts:
+        if name.value not in _ROLE_OPTIONS:
+            _fail(f"unknown role option {name.value!r}; expected PASSWORD, LOGIN or SUPERUSER", name)
+        if name.value in found:
+            _fail(f"{name.value.upper()} is given more than once", name)
+        found[name.value] = _role_option_value(name.value, lit)
+    return found
 
 
 class _Builder(Transformer):
@@ -530,6 +567,75 @@ class _Builder(Transformer):
         _unlogged, ts, *statements = c
         return Batch(statements=tuple(statements), timestamp=ts)
 
+    # ------------------------------------------------ roles and permissions
+    def role_name(self, c: list[Any]) -> _At:
+        item = c[0]
+        if isinstance(item, Token):
+            return _At(item.value[1:-1].replace("''", "'"), item.line, item.column)
+        return item
+
+    def role_option(self, c: list[Any]) -> tuple[_At, _At]:
+        return c[0], c[1]
+
+    def create_role(self, c: list[Any]) -> CreateRole:
+        ine, name, *opts = c
+        found = _role_options(o for o in opts if o is not None)
+        return CreateRole(
+            name=name.value,
+            password=found.get("password"),
+            login=found.get("login"),
+            superuser=found.get("superuser"),
+            if_not_exists=bool(ine),
+        )
+
+    def alter_role(self, c: list[Any]) -> AlterRole:
+        name, *opts = c
+        found = _role_options(opts)
+        return AlterRole(
+            name=name.value,
+            password=found.get("password"),
+            login=found.get("login"),
+            superuser=found.get("superuser"),
+        )
+
+    def drop_role(self, c: list[Any]) -> DropRole:
+        return DropRole(name=c[1].value, if_exists=bool(c[0]))
+
+    def permission(self, c: list[Any]) -> tuple[str, ...]:
+        kind = _first_token(c).type[1:]
+        return PERMISSIONS if kind == "ALL" else (kind,)
+
+    def all_keyspaces(self, c: list[Any]) -> RoleResource:
+        return RoleResource()
+
+    def keyspace_resource(self, c: list[Any]) -> RoleResource:
+        return RoleResource(keyspace=c[0].value)
+
+    def table_resource(self, c: list[Any]) -> RoleResource:
+        (table,) = c
+        if table.value.keyspace is None:
+            _fail(
+                f"table {table.value.name!r} needs its keyspace here: write keyspace.table "
+                "(or KEYSPACE name for a whole keyspace)",
+                table,
+            )
+        return RoleResource(keyspace=table.value.keyspace, table=table.value.name)
+
+    def grant(self, c: list[Any]) -> Grant:
+        permissions, resource, role = c
+        return Grant(permissions=permissions, resource=resource, role=role.value)
+
+    def revoke(self, c: list[Any]) -> Revoke:
+        permissions, resource, role = c
+        return Revoke(permissions=permissions, resource=resource, role=role.value)
+
+    def list_roles(self, c: list[Any]) -> ListRoles:
+        return ListRoles()
+
+    def list_permissions(self, c: list[Any]) -> ListPermissions:
+        permissions, resource, role = c
+        return ListPermissions(permissions=permissions, resource=resource, role=None if role is None else role.value)
+
     # ---------------------------------------------------------------- WHERE
     def where_clause(self, c: list[Any]) -> tuple[Relation, ...]:
         return tuple(c)
@@ -638,7 +744,33 @@ def _expected_words(names: Iterable[str]) -> str:
     return ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def _shown(text: str) -> str:
+_ROLE_STATEMENT = re.compile(r"\s*(?:create|alter)\s+role\b", re.IGNORECASE)
+_QUOTED = re.compile(r"'(?:[^']|'')*'?|\"(?:[^\"]|\"\")*\"?")
+_AFTER_PASSWORD = re.compile(r"password\"?\s*=?\s*$", re.IGNORECASE)
+_HIDDEN = "input (not shown: it may be a password)"
+_HIDDEN_CHARACTER = "character (not shown: it may be part of a password)"
+
+
+def _secret(text: str) -> bool:
+    """Whether `text` may hold a password, so that error messages must not show what it quotes."""
+    return _ROLE_STATEMENT.match(text) is not None or "password" in text.lower()
+
+
+def _masked(text: str) -> str:
+    """`text` with every quoted string or name replaced by '***' (or "***")."""
+    return _QUOTED.sub(lambda m: m.group()[0] + "***" + m.group()[0], text)
+
+
+def _near_password(text: str, pos: int) -> bool:
+    """Whether what starts at `pos` may be (part of) a password: it follows PASSWORD or is glued to a token."""
+    before = text[:pos]
+    glued = before[-1:] not in ("", "=", ",", ";", "(", ")") and not before[-1:].isspace()
+    return glued or _AFTER_PASSWORD.search(before) is not None
+
+
+def _shown(text: str, secret: bool = False) -> str:
+    if secret:
+        text = _masked(text)
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
@@ -673,6 +805,9 @@ def _acceptable(err: UnexpectedInput, text: str, fallback: Iterable[str] | None)
 
 
 def _translate(err: UnexpectedInput, text: str) -> CqlSyntaxError:
+    """The readable error for `err`; in a statement that may hold a password, quoted text shows as '***'
+    and what may be (part of) the password itself is not shown."""
+    secret = _secret(text)
     if isinstance(err, UnexpectedToken):
         tok = err.token
         accepted = _acceptable(err, text, err.expected)
@@ -683,14 +818,16 @@ def _translate(err: UnexpectedInput, text: str) -> CqlSyntaxError:
             reason = "unexpected end of input"
         else:
             line, column = tok.line, tok.column
-            reason = f"unexpected {_shown(tok.value)}"
+            hidden = secret and _near_password(text, tok.start_pos)
+            reason = f"unexpected {_HIDDEN if hidden else _shown(tok.value, secret)}"
         if expected:
             reason += f"; expected {expected}"
         if tok.type == "QUOTED_NAME" and _LITERAL_TERMINALS & accepted:
             reason += " (string literals use single quotes: 'text')"
         return CqlSyntaxError(reason, line, column)
     if isinstance(err, UnexpectedCharacters):
-        reason = f"unexpected character {err.char!r}"
+        hidden = secret and _near_password(text, err.pos_in_stream)
+        reason = f"unexpected {_HIDDEN_CHARACTER if hidden else f'character {err.char!r}'}"
         if err.char == "'":
             reason = "unterminated string literal (close it with '; write '' for a quote inside)"
         elif err.char == '"':

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from common.arrow_values import decode_table, longest_string_bytes, plain_columns
 from common.codec import batch_ipc, values_from_proto, values_to_proto
 from common.open_calls import OpenCalls
 from common.status import streaming, unary
+from coordinator.core.auth import CLUSTER, Principal
 from coordinator.core.errors import InvalidArgument
 from cql.columnar import ArrowValues
 from cql.executor import Executor
@@ -21,33 +23,44 @@ DEADLINE_NONE_ABOVE_S = 365 * 24 * 3600.0  # a deadline this far away is no dead
 
 
 class ClientService(rpc.ClientServicer):
-    """Runs statements through the executor; failures are counted by status code."""
+    """Runs statements through the executor for the caller's principal; failures are counted by status code.
 
-    def __init__(self, executor: Executor, error_counter, open_calls: OpenCalls):
+    `principal_of(context)` says who calls (None: a node without authentication, where every caller may do
+    anything)."""
+
+    def __init__(self, executor: Executor, error_counter, open_calls: OpenCalls,
+                 principal_of: Callable[[object], Principal] | None = None):
         self._executor = executor
         self.error_counter = error_counter
         self._open_calls = open_calls
+        self._principal_of = principal_of
 
     @unary
     def Execute(self, request, context):
-        return self._execute(request, context)
+        return self._execute(request, self._principal(context), context)
 
     def Session(self, request_iterator, context):
+        principal = self._principal(context)
         return self._open_calls.answers(
-            self, request_iterator, context, lambda request: pb.SessionAnswer(response=self._execute(request)),
+            self, request_iterator, context,
+            lambda request: pb.SessionAnswer(response=self._execute(request, principal)),
             lambda code, message: pb.SessionAnswer(error_code=code, error_message=message))
 
-    def _execute(self, request: pb.ExecuteRequest, context=None) -> pb.ExecuteResponse:
+    def _principal(self, context) -> Principal:
+        return CLUSTER if self._principal_of is None else self._principal_of(context)
+
+    def _execute(self, request: pb.ExecuteRequest, principal: Principal, context=None) -> pb.ExecuteResponse:
         params = _params(request, self._executor.limits)
         result = self._executor.answer(request.statement, params, request.prepared_id, request.page_size or None,
-                                       request.paging_state, deadline_of(context))
+                                       request.paging_state, deadline_of(context), principal)
         return _response(result, request.arrow_results)
 
     @streaming
     def ExecuteStream(self, request, context):
         params = _params(request, self._executor.limits)
         for page in self._executor.execute_pages(request.statement, request.page_size or STREAM_PAGE_ROWS, params,
-                                                 request.prepared_id, request.paging_state, deadline_of(context)):
+                                                 request.prepared_id, request.paging_state, deadline_of(context),
+                                                 self._principal(context)):
             yield _response(page, request.arrow_results)
 
     @unary

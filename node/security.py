@@ -1,17 +1,30 @@
-"""Transport security of a node: TLS with the cluster's certificates, and which peers may call which service.
+"""Transport security of a node: TLS with the cluster's certificates, who is calling, and what they may call.
 
-A secure node serves gRPC over mutual TLS only: every caller presents a certificate signed by the cluster's CA.
-The node-to-node services (`Internode`, `Worker`) answer node certificates only; a client certificate calling them
-is refused with PERMISSION_DENIED naming the method. The node calls its peers with its own node certificate.
+A secure node serves gRPC over mutual TLS: every caller presents a certificate signed by the cluster's CA. It may
+also serve a client port over TLS without client certificates, where a caller logs in with a role's name and
+password (call metadata `vbc-user` and `vbc-password`). The node-to-node services (`Internode`, `Worker`) answer
+node certificates only; a client certificate calling them is refused with PERMISSION_DENIED naming the method.
+Every other call needs a login (a client certificate naming a role that may log in, or a password); the
+administrative calls need a superuser. The node calls its peers with its own node certificate.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
+from common import passwords
+from coordinator.core import auth
+from coordinator.core.auth import CLUSTER, Principal
+from coordinator.core.errors import CoreError, Unauthenticated
 from common.certs import (
     CA_CERT,
     NODE_CERT,
@@ -26,6 +39,14 @@ from common.certs import (
 log = logging.getLogger(__name__)
 
 NODE_ONLY_SERVICES = frozenset({"vbc.v1.Internode", "vbc.v1.Worker"})
+USER_KEY = "vbc-user"
+PASSWORD_KEY = "vbc-password"
+# administrative calls: a superuser's only (for Balancer, only switching it: its status needs a login)
+SUPERUSER_METHODS: dict[str, Callable[[object], bool]] = {
+    f"/vbc.v1.Admin/{name}": (lambda request: True)
+    for name in ("Inject", "CheckView", "MoveTablet", "ResizeTablets", "JoinCluster", "Decommission")}
+SUPERUSER_METHODS["/vbc.v1.Admin/Balancer"] = lambda request: getattr(request, "action", "") != "status"
+VERIFIED_LOGINS = 1024  # password logins remembered, so that a session's calls do not each pay for scrypt
 
 
 def load_node_material(certs_dir: Path) -> TlsMaterial:
@@ -61,18 +82,113 @@ def caller(context: grpc.ServicerContext) -> Identity | None:
     return _identity(certificates[0]) if certificates else None
 
 
-class PeerAuthorization(grpc.ServerInterceptor):
-    """Refuses a call to a node-to-node service from anything but a node certificate, before its handler runs."""
+def client_server_credentials(material: TlsMaterial) -> grpc.ServerCredentials:
+    """TLS that asks no client certificate: the client port, where callers log in by password."""
+    return grpc.ssl_server_credentials([(material.private_key, material.certificate_chain)])
+
+
+class Authenticator:
+    """Who a call comes from: a node, a role named by its client certificate, or a role logged in by password.
+
+    A verified password is remembered (by a keyed digest of name and password, never the password) with the
+    hash it matched, so a later call with it costs no scrypt until the role's password changes."""
+
+    def __init__(self, read_state: Callable, failed_logins=None):
+        self._read = read_state
+        self._failed_logins = failed_logins
+        self._key = os.urandom(32)
+        self._verified: OrderedDict[bytes, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def principal(self, context: grpc.ServicerContext) -> Principal:
+        """The caller's principal, or Unauthenticated saying what to give."""
+        identity = caller(context)
+        if identity is not None:
+            if identity.kind == "node":
+                return CLUSTER
+            return self._certificate_login(identity.name, context)
+        metadata = dict(context.invocation_metadata() or ())
+        user = metadata.get(USER_KEY)
+        if user is None:
+            raise Unauthenticated("no credentials: connect with a client certificate (--credentials DIR, or "
+                                  "--cluster DIR) or log in with --user NAME on the node's client port")
+        return self._password_login(user, metadata.get(PASSWORD_KEY, ""), context)
+
+    def _certificate_login(self, name: str, context) -> Principal:
+        try:
+            self._read(lambda state: auth.login_role(state, name))
+        except Unauthenticated as error:
+            self._refused(name, "certificate of a role that cannot log in", context)
+            raise Unauthenticated(f"client certificate of {name!r}: {error.message}") from None
+        return Principal(name)
+
+    def _password_login(self, user: str, password: str, context) -> Principal:
+        stored = self._read(lambda state: _password_hash(state, user))
+        if stored is None:
+            self._refused(user, "no such role, or it may not log in", context)
+        elif not stored:
+            self._refused(user, "role without a password", context)
+        elif not self._matches(user, password, stored):
+            self._refused(user, "wrong password", context)
+        else:
+            return Principal(user)
+        raise Unauthenticated(f"login of {user!r} failed: wrong name or password, or the role may not log in")
+
+    def _matches(self, user: str, password: str, stored: str) -> bool:
+        digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
+        with self._lock:
+            if self._verified.get(digest) == stored:
+                self._verified.move_to_end(digest)
+                return True
+        if not passwords.verify(password, stored):
+            return False
+        with self._lock:
+            self._verified[digest] = stored
+            while len(self._verified) > VERIFIED_LOGINS:
+                self._verified.popitem(last=False)
+        return True
+
+    def _refused(self, user: str, reason: str, context) -> None:
+        if self._failed_logins is not None:
+            self._failed_logins.labels(reason).inc()
+        log.warning("refused login of %r from %s: %s", user, context.peer(), reason)
+
+    def is_superuser(self, principal: Principal) -> bool:
+        return self._read(lambda state: auth.is_superuser(state, principal))
+
+
+def _password_hash(state, user: str) -> str | None:
+    role = state.roles.get(user)
+    return None if role is None or not role.login else role.password_hash
+
+
+class Access(grpc.ServerInterceptor):
+    """Checks every call before its handler runs: node-to-node services answer nodes only, everything else a
+    login, administrative calls a superuser."""
+
+    def __init__(self, authenticator: Authenticator):
+        self._authenticator = authenticator
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method.split("/")[1] not in NODE_ONLY_SERVICES:
+        if handler is None:
             return handler
-        return _checked(handler, method)
+        return _checked(handler, handler_call_details.method, self._refusal)
+
+    def _refusal(self, context: grpc.ServicerContext, method: str, request) -> tuple[grpc.StatusCode, str] | None:
+        if method.split("/")[1] in NODE_ONLY_SERVICES:
+            return _node_refusal(context, method)
+        try:
+            principal = self._authenticator.principal(context)
+        except CoreError as error:
+            return grpc.StatusCode[error.code], error.message
+        needs_superuser = SUPERUSER_METHODS.get(method)
+        if needs_superuser is not None and needs_superuser(request) and not self._authenticator.is_superuser(principal):
+            return grpc.StatusCode.PERMISSION_DENIED, f"{method} needs a superuser; {principal} is not one"
+        return None
 
 
-def _refusal(context: grpc.ServicerContext, method: str) -> tuple[grpc.StatusCode, str] | None:
+def _node_refusal(context: grpc.ServicerContext, method: str) -> tuple[grpc.StatusCode, str] | None:
     identity = caller(context)
     if identity is None:
         return grpc.StatusCode.UNAUTHENTICATED, f"{method} needs a node certificate of this cluster"
@@ -83,24 +199,26 @@ def _refusal(context: grpc.ServicerContext, method: str) -> tuple[grpc.StatusCod
     return None
 
 
-def _checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """`handler` with the node check in front of its behaviour, whatever its streaming shape."""
+def _checked(handler: grpc.RpcMethodHandler, method: str, refusal) -> grpc.RpcMethodHandler:
+    """`handler` with the access check in front of its behaviour, whatever its streaming shape."""
     for kind, make in (("unary_unary", grpc.unary_unary_rpc_method_handler),
                        ("unary_stream", grpc.unary_stream_rpc_method_handler),
                        ("stream_unary", grpc.stream_unary_rpc_method_handler),
                        ("stream_stream", grpc.stream_stream_rpc_method_handler)):
         behaviour = getattr(handler, kind)
         if behaviour is not None:
-            return make(_guarded(behaviour, method), request_deserializer=handler.request_deserializer,
+            unary_request = kind.startswith("unary")
+            return make(_guarded(behaviour, method, refusal, unary_request),
+                        request_deserializer=handler.request_deserializer,
                         response_serializer=handler.response_serializer)
     return handler
 
 
-def _guarded(behaviour, method: str):
+def _guarded(behaviour, method: str, refusal, unary_request: bool):
     def guarded(request_or_iterator, context):
-        refusal = _refusal(context, method)
-        if refusal is not None:
-            log.warning("refused %s from %s: %s", method, context.peer(), refusal[1])
-            context.abort(*refusal)
+        refused = refusal(context, method, request_or_iterator if unary_request else None)
+        if refused is not None:
+            log.warning("refused %s from %s: %s", method, context.peer(), refused[1])
+            context.abort(*refused)
         return behaviour(request_or_iterator, context)
     return guarded

@@ -93,6 +93,7 @@ class NodeConfig:
     raft_password: str = ""  # the cluster's Raft secret (`vbc cluster up` writes DIR/raft.secret)
     insecure: bool = False  # serve plaintext gRPC; else mutual TLS with the certificates in certs_dir
     certs_dir: Path | None = None  # ca.crt, node.crt, node.key (default: the data directory)
+    client_addr: str | None = None  # a second port, TLS without client certificates, for password logins
     metrics_addr: str | None = None
     spark_master: str = field(default_factory=default_master)
     spark_memory: str = "1g"
@@ -223,11 +224,14 @@ class Node:
 
     def _build_server(self) -> grpc.Server:
         threads = GRPC_WORKERS + INTERNODE_OPEN_CALLS + CLIENT_SESSIONS
+        authenticator = (None if self._tls is None
+                         else security.Authenticator(self.group0.read, self.metrics.failed_logins))
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
                              options=SERVER_OPTIONS,
-                             interceptors=() if self._tls is None else (security.PeerAuthorization(),))
-        rpc.add_ClientServicer_to_server(ClientService(self.executor, self.metrics.statement_errors, self._sessions),
-                                         server)
+                             interceptors=() if authenticator is None else (security.Access(authenticator),))
+        rpc.add_ClientServicer_to_server(ClientService(
+            self.executor, self.metrics.statement_errors, self._sessions,
+            principal_of=None if authenticator is None else authenticator.principal), server)
         self._admin = AdminService(AdminDeps(
             node_id=self.node_id, read_state=self.group0.read, raft_status=self.group0.status,
             require_ready=self.require_ready, probe=self.endpoint.local_status, injections=self.injections,
@@ -251,7 +255,18 @@ class Node:
                 else server.add_secure_port(self.config.grpc_addr, security.server_credentials(self._tls)))
         if port == 0:
             raise OSError(f"cannot listen for gRPC on {self.config.grpc_addr}: port in use or address not local")
+        if self.config.client_addr:
+            self._add_client_port(server)
         return server
+
+    def _add_client_port(self, server: grpc.Server) -> None:
+        """The port for password logins: TLS without client certificates (plaintext on an insecure node)."""
+        address = self.config.client_addr
+        port = (server.add_insecure_port(address) if self._tls is None
+                else server.add_secure_port(address, security.client_server_credentials(self._tls)))
+        if port == 0:
+            raise OSError(f"cannot listen for client logins on {address}: port in use or address not local")
+        log.info("node %s serving client logins on %s", self.node_id, address)
 
     def _set_health(self, status) -> None:
         for name in ("", "vbc.v1.Client", "vbc.v1.Admin", "vbc.v1.Internode", "vbc.v1.Worker"):

@@ -367,13 +367,14 @@ def test_a_taken_base_port_fails_with_a_clear_message(tmp_path, capsys):
 
 
 def test_node_layout_and_command_follow_the_port_scheme(tmp_path):
-    base = cluster_mod.find_free_block(6)
+    base = cluster_mod.find_free_block(9)
     description = cluster_mod.new_cluster(tmp_path, 3, shards=2, base_port=base)
     nodes = description["nodes"]
     assert [n["id"] for n in nodes] == ["n1", "n2", "n3"]
     for index, node in enumerate(nodes):
         assert node["grpc"] == f"127.0.0.1:{base + 2 * index}"
         assert node["raft"] == f"127.0.0.1:{base + 2 * index + 1}"
+        assert node["client"] == f"127.0.0.1:{base + 6 + index}"
         assert node["data_dir"] == str(tmp_path / node["id"])
     command = nodes[1]["command"]
     assert command[:5] == [sys.executable, "-m", "vbc", "node", "start"]

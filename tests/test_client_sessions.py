@@ -32,7 +32,8 @@ class FakeExecutor:
         self.released.set()
         self.started = threading.Event()
 
-    def answer(self, statement, params, prepared_id, page_size=None, paging_state=b"", deadline=None) -> Result:
+    def answer(self, statement, params, prepared_id, page_size=None, paging_state=b"", deadline=None,
+               principal=None) -> Result:
         if statement == "bad":
             raise InvalidArgument("line 1: no viable alternative at 'bad'")
         if statement == "slow":

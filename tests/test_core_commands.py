@@ -41,6 +41,7 @@ FIELD_STRATEGIES = {
     str: st.text(max_size=12),
     int: st.integers(),
     bool: st.booleans(),
+    bool | None: st.one_of(st.none(), st.booleans()),
     str | None: st.one_of(st.none(), st.text(max_size=12)),
     tuple[str, ...]: NAMES,
     tuple[str, ...] | None: st.one_of(st.none(), NAMES),

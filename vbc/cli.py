@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import signal
@@ -130,6 +131,9 @@ def target_options() -> argparse.ArgumentParser:
     parent.add_argument("--credentials", type=absolute_path, metavar="DIR",
                         help="certificates to connect with: ca.crt and client.USER.crt/.key (default: DIR/credentials "
                              "with --cluster, else $VBC_CREDENTIALS, else plaintext)")
+    parent.add_argument("--user", metavar="NAME",
+                        help="log in as this role by password ($VBC_PASSWORD, else asked on the terminal), through "
+                             "the nodes' client ports; ca.crt of --credentials or DIR/credentials verifies the nodes")
     return parent
 
 
@@ -141,6 +145,8 @@ def add_node_parser(commands) -> None:
     start.add_argument("--data-dir", required=True, type=absolute_path, metavar="DIR")
     start.add_argument("--grpc", required=True, type=host_port, metavar="HOST:PORT", help="client/admin gRPC address")
     start.add_argument("--raft", required=True, type=host_port, metavar="HOST:PORT", help="Raft address")
+    start.add_argument("--client-addr", type=host_port, metavar="HOST:PORT",
+                       help="a second gRPC port for password logins (`--user`): TLS without client certificates")
     start.add_argument("--peers", type=parse_peers, default={}, metavar="ID=GRPC/RAFT,...", help="the other nodes")
     start.add_argument("--shards", type=positive_int, default=1, metavar="N")
     start.add_argument("--storage-url", type=storage_url, metavar="URL",
@@ -421,11 +427,44 @@ def run(args: argparse.Namespace) -> int:
 
 
 def target_addresses(args: argparse.Namespace) -> list[str]:
-    """The addresses named by --addr, --cluster or $VBC_ADDR (comma separated), connected to with --credentials."""
+    """The addresses named by --addr, --cluster or $VBC_ADDR (comma separated), connected to with --credentials,
+    or logged in to with --user."""
+    if getattr(args, "user", None):
+        return login_addresses(args)
     addresses = named_addresses(args)
     if getattr(args, "credentials", None):
         client.use_credentials(client.credentials_from(args.credentials), addresses)
     return addresses
+
+
+def login_addresses(args: argparse.Namespace) -> list[str]:
+    """--user: the client ports of --cluster's nodes (or --addr, $VBC_ADDR as given), with a password login."""
+    ca_folder = args.credentials or os.environ.get(client.CREDENTIALS_ENV)
+    if args.cluster:
+        addresses = client.login_addresses_from_cluster(args.cluster)
+        ca_folder = ca_folder or Path(args.cluster) / client.CREDENTIALS_DIR
+    else:
+        addresses = named_addresses(args)
+    if not ca_folder:
+        raise UsageError("--user needs the cluster's CA certificate: give --credentials DIR (holding ca.crt), "
+                         f"${client.CREDENTIALS_ENV}, or --cluster DIR")
+    from common.certs import CertificateError
+    try:
+        credentials = client.login_credentials(args.user, login_password(args.user), ca_folder)
+    except CertificateError as error:
+        raise UsageError(str(error)) from None
+    client.use_credentials(credentials, addresses)
+    return addresses
+
+
+def login_password(user: str) -> str:
+    """$VBC_PASSWORD, else asked on the terminal (never an argument: arguments show in `ps`)."""
+    password = os.environ.get(client.PASSWORD_ENV)
+    if password is None:
+        if not sys.stdin.isatty():
+            raise UsageError(f"--user {user} needs a password: set ${client.PASSWORD_ENV} or run on a terminal")
+        password = getpass.getpass(f"password for {user}: ")
+    return password
 
 
 def named_addresses(args: argparse.Namespace) -> list[str]:
@@ -470,7 +509,8 @@ def node_limits(args: argparse.Namespace):
 def cmd_node_start(args: argparse.Namespace) -> int:
     if args.id in args.peers:
         raise UsageError(f"--peers lists the node itself ({args.id})")
-    addresses = [args.grpc, args.raft] + [a for peer in args.peers.values() for a in peer]
+    addresses = [args.grpc, args.raft] + ([args.client_addr] if args.client_addr else [])
+    addresses += [a for peer in args.peers.values() for a in peer]
     if len(set(addresses)) != len(addresses):
         raise UsageError("every --grpc, --raft and peer address must be distinct")
     die_with_parent()
@@ -505,7 +545,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     args.data_dir.mkdir(parents=True, exist_ok=True)
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
                         peers=peers, shards=args.shards, storage_url=args.storage_url, raft_password=secret,
-                        insecure=args.insecure, certs_dir=args.certs_dir,
+                        insecure=args.insecure, certs_dir=args.certs_dir, client_addr=args.client_addr,
                         metrics_addr=args.metrics, spark_memory=args.spark_memory,
                         limits=node_limits(args), enable_injections=args.enable_injections,
                         spark_prestart=args.spark_prestart,

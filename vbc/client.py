@@ -138,6 +138,44 @@ def use_cluster_credentials(data_dir: str | Path, addresses: Iterable[str]) -> N
 
 _cluster_credentials: dict[Path, grpc.ChannelCredentials] = {}  # by DIR/credentials folder
 
+PASSWORD_ENV = "VBC_PASSWORD"
+USER_KEY, PASSWORD_KEY = "vbc-user", "vbc-password"  # node.security's names (not imported: it imports the core)
+
+
+class _Login(grpc.AuthMetadataPlugin):
+    """Puts the role's name and password on every call (sent over TLS only: gRPC refuses call credentials on a
+    plaintext channel)."""
+
+    def __init__(self, user: str, password: str):
+        self._metadata = ((USER_KEY, user), (PASSWORD_KEY, password))
+
+    def __call__(self, context, callback):
+        callback(self._metadata, None)
+
+
+def login_credentials(user: str, password: str, ca_folder: str | Path) -> grpc.ChannelCredentials:
+    """TLS that trusts the nodes signed by the CA in `ca_folder`/ca.crt, logging in as `user` with `password`
+    (for a node's client port: `vbc node start --client-addr`, "client" in cluster.json)."""
+    from common import certs
+    path = Path(ca_folder) / certs.CA_CERT
+    try:
+        ca = path.read_bytes()
+    except FileNotFoundError:
+        raise certs.CertificateError(f"no {path}: a login needs the cluster's CA certificate to trust the nodes "
+                                     "(give --credentials DIR holding ca.crt, or --cluster DIR)") from None
+    return grpc.composite_channel_credentials(grpc.ssl_channel_credentials(root_certificates=ca),
+                                              grpc.metadata_call_credentials(_Login(user, password)))
+
+
+def login_addresses_from_cluster(data_dir: str | Path) -> list[str]:
+    """The client (password login) addresses of the nodes in DIR/cluster.json."""
+    nodes = read_cluster_file(data_dir)["nodes"]
+    addresses = [node["client"] for node in nodes if node.get("client")]
+    if not addresses:
+        raise ClusterFileError(f"the nodes of {data_dir} have no client port for password logins (a cluster "
+                               "made before they existed): connect with its certificates, without --user")
+    return addresses
+
 
 def close_all() -> None:
     """Close every cached channel and session (they are re-created when next needed)."""

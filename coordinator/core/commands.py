@@ -303,11 +303,62 @@ class SetBalancer(Command):
     enabled: bool
 
 
+@dataclass(frozen=True, kw_only=True)
+class CreateRole(Command):
+    """A role; `password_hash` is the salted slow hash the proposer made ("": no password login)."""
+
+    op: ClassVar[str] = "create_role"
+    name: str
+    password_hash: str = dataclasses.field(default="", repr=False)
+    login: bool = False
+    superuser: bool = False
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlterRole(Command):
+    """Change what is given of a role (None: keep)."""
+
+    op: ClassVar[str] = "alter_role"
+    name: str
+    password_hash: str | None = dataclasses.field(default=None, repr=False)
+    login: bool | None = None
+    superuser: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DropRole(Command):
+    op: ClassVar[str] = "drop_role"
+    name: str
+    if_exists: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrantPermissions(Command):
+    """Grant `permissions` on every keyspace (keyspace None), one keyspace (table None) or one table to `role`."""
+
+    op: ClassVar[str] = "grant_permissions"
+    role: str
+    permissions: tuple[str, ...]
+    keyspace: str | None = None
+    table: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RevokePermissions(Command):
+    op: ClassVar[str] = "revoke_permissions"
+    role: str
+    permissions: tuple[str, ...]
+    keyspace: str | None = None
+    table: str | None = None
+
+
 COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, AlterTable, CreateView,
                                        CreateIndex, DropView, DropTable, DropKeyspace, Noop,
                                        FinishViewBuildingTasks, SetProcessingBase, StartTabletMigration,
                                        AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets,
-                                       DecommissionNode, RemoveNode, SetBalancer)
+                                       DecommissionNode, RemoveNode, SetBalancer, CreateRole, AlterRole,
+                                       DropRole, GrantPermissions, RevokePermissions)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}
 
 
@@ -405,6 +456,7 @@ _CODECS: dict[object, _Codec] = {
     int: _Codec("an integer", _checked(_is_int), _identity),
     bool: _Codec("a boolean", _checked(lambda r: isinstance(r, bool)), _identity),
     str | None: _Codec("a string or null", _checked(lambda r: r is None or isinstance(r, str)), _identity),
+    bool | None: _Codec("a boolean or null", _checked(lambda r: r is None or isinstance(r, bool)), _identity),
     tuple[str, ...]: _Codec("a list of strings", _names, list),
     tuple[int, ...]: _Codec("a list of integers", _integers, list),
     tuple[str, ...] | None: _Codec("a list of strings or null", _optional_names, _optional_list),

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import migrations, resize, tablets, view_building
+from . import auth, migrations, resize, tablets, view_building
 from . import types as coltypes
 from .commands import (
     AlterKeyspace,
@@ -101,6 +101,7 @@ def drop_keyspace(state: Group0State, cmd: DropKeyspace) -> str:
         raise NotFound(f"keyspace {cmd.name!r} does not exist")
     for table in state.tables_in(cmd.name):
         _forget_table(state, table.id)
+    auth.forget_resource(state, cmd.name)
     del state.keyspaces[cmd.name]
     state.schema_version += 1
     return "dropped"
@@ -168,7 +169,9 @@ def drop_table(state: Group0State, cmd: DropTable) -> str:
 
 def _forget_table(state: Group0State, table_id: str) -> None:
     state.dropped_tables.add(table_id)
-    state.tables.pop(table_id, None)
+    table = state.tables.pop(table_id, None)
+    if table is not None:
+        auth.forget_resource(state, table.keyspace, table.name)
     migrations.forget_table(state, table_id)
     resize.forget_table(state, table_id)
     tablets.forget_table(state, table_id)

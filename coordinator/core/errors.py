@@ -36,6 +36,12 @@ class PermissionDenied(CoreError):
     code = "PERMISSION_DENIED"
 
 
+class Unauthenticated(CoreError):
+    """No credentials, or credentials that name nobody allowed to log in; the message never holds a password."""
+
+    code = "UNAUTHENTICATED"
+
+
 class DeadlineExceeded(CoreError):
     """A statement ran past its caller's deadline; the message says how far it got."""
 
@@ -47,7 +53,7 @@ class StaleTerm(FailedPrecondition):
 
 
 ERRORS_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable,
-                                            PermissionDenied)}
+                                            PermissionDenied, Unauthenticated)}
 
 
 ERRORS_BY_NAME = {cls.__name__: cls for cls in (*ERRORS_BY_CODE.values(), StaleTerm)}

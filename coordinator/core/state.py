@@ -2,11 +2,11 @@
 
 `apply` takes a journal entry (the dict `commands.encode` writes, or a version 1 dict of the first
 releases) or a typed command, and dispatches by command class to a handler of the concern that owns
-the fields it changes: `tablets` (nodes, tablet maps), `ddl` (keyspaces, tables, views, indexes) and
-`view_building` (build tasks and statuses). A handler changes only its own concern's fields and calls
-other concerns through their public functions. Every id and timestamp a command needs is chosen by
-the proposing node and travels inside the command; `apply` never reads a clock or draws a random
-number, so every replica fed the same log reaches the same state. A command applied twice (a retry
+the fields it changes: `tablets` (nodes, tablet maps), `ddl` (keyspaces, tables, views, indexes),
+`view_building` (build tasks and statuses) and `auth` (roles and grants). A handler changes only its own
+concern's fields and calls other concerns through their public functions. Every id and timestamp a command
+needs is chosen by the proposing node and travels inside the command; `apply` never reads a clock or draws a
+random number, so every replica fed the same log reaches the same state. A command applied twice (a retry
 after a leader change) returns the first outcome and changes nothing.
 """
 from __future__ import annotations
@@ -14,26 +14,31 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from . import balancer, ddl, migrations, resize, tablets, view_building
+from . import auth, balancer, ddl, migrations, resize, tablets, view_building
 from .commands import (
     AlterKeyspace,
+    AlterRole,
     AdvanceTabletMigration,
     AlterTable,
     Command,
     CreateIndex,
     CreateKeyspace,
+    CreateRole,
     CreateTable,
     CreateView,
     DropKeyspace,
+    DropRole,
     DropTable,
     DropView,
     FinishViewBuildingTasks,
     DecommissionNode,
+    GrantPermissions,
     MergeTablets,
     Noop,
     RegisterNode,
     RemoveNode,
     RequestTabletMerge,
+    RevokePermissions,
     SetBalancer,
     SetProcessingBase,
     SplitTablets,
@@ -80,6 +85,9 @@ class Group0State:
         self._migration_term = 0
         # owned by resize.py: tables waiting for their tablet pairs to share replicas, then to merge
         self.merge_requests: set[str] = set()
+        # owned by auth.py: roles by name, and role -> resource -> granted permissions
+        self.roles: dict[str, auth.Role] = auth.initial_roles()
+        self.grants: dict[str, dict[auth.Resource, frozenset[str]]] = {}
         # owned by this module: outcomes of recent commands, by cmd_id
         self._recent: OrderedDict[str, Outcome] = OrderedDict()
 
@@ -183,4 +191,9 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     DecommissionNode: tablets.decommission_node,
     RemoveNode: _remove_node,
     SetBalancer: balancer.set_balancer,
+    CreateRole: auth.create_role,
+    AlterRole: auth.alter_role,
+    DropRole: auth.drop_role,
+    GrantPermissions: auth.grant,
+    RevokePermissions: auth.revoke,
 }

@@ -1,0 +1,126 @@
+"""Who a call comes from (node.security.Authenticator) and what it may call (node.security.Access)."""
+from __future__ import annotations
+
+import logging
+
+import grpc
+import pytest
+
+from common import certs, passwords
+from common.metrics import NodeMetrics
+from coordinator.core.auth import CLUSTER, Principal
+from coordinator.core.commands import AlterRole, CreateRole
+from coordinator.core.errors import Unauthenticated
+from coordinator.core.state import Group0State
+from node import security
+from vbcpb import vbc_pb2 as pb
+
+PASSWORD = "correct-horse"
+
+
+class CallContext:
+    """What the authenticator reads of a gRPC call: the peer's certificate, the call's metadata, the peer."""
+
+    def __init__(self, pem: bytes | None = None, metadata: tuple = ()):
+        self._auth = {"x509_pem_cert": [pem]} if pem else {}
+        self._metadata = metadata
+
+    def auth_context(self):
+        return self._auth
+
+    def invocation_metadata(self):
+        return self._metadata
+
+    def peer(self):
+        return "ipv4:127.0.0.1:4242"
+
+
+def login(user: str, password: str) -> CallContext:
+    return CallContext(metadata=((security.USER_KEY, user), (security.PASSWORD_KEY, password)))
+
+
+@pytest.fixture
+def state() -> Group0State:
+    s = Group0State()
+    s.apply(CreateRole(name="alice", password_hash=passwords.hash_password(PASSWORD), login=True, cmd_id=None))
+    s.apply(CreateRole(name="nologin", password_hash=passwords.hash_password(PASSWORD), cmd_id=None))
+    return s
+
+
+@pytest.fixture
+def metrics() -> NodeMetrics:
+    return NodeMetrics()
+
+
+@pytest.fixture
+def authenticator(state, metrics) -> security.Authenticator:
+    return security.Authenticator(lambda fn: fn(state), metrics.failed_logins)
+
+
+def failed(metrics: NodeMetrics, reason: str) -> float:
+    return metrics.registry.get_sample_value("vbc_failed_logins_total", {"reason": reason}) or 0.0
+
+
+def test_a_password_login_is_checked_once_then_remembered(authenticator, monkeypatch):
+    checks = []
+    real_verify = passwords.verify
+    monkeypatch.setattr(passwords, "verify", lambda *args: checks.append(1) or real_verify(*args))
+    assert authenticator.principal(login("alice", PASSWORD)) == Principal("alice")
+    assert authenticator.principal(login("alice", PASSWORD)) == Principal("alice")
+    assert len(checks) == 1
+
+
+def test_a_changed_password_is_checked_again(authenticator, state):
+    assert authenticator.principal(login("alice", PASSWORD)) == Principal("alice")
+    state.apply(AlterRole(name="alice", password_hash=passwords.hash_password("another"), cmd_id=None))
+    with pytest.raises(Unauthenticated):
+        authenticator.principal(login("alice", PASSWORD))
+    assert authenticator.principal(login("alice", "another")) == Principal("alice")
+
+
+@pytest.mark.parametrize("user, password, reason", [
+    ("alice", "wrong-horse", "wrong password"),
+    ("mallory", PASSWORD, "no such role, or it may not log in"),
+    ("nologin", PASSWORD, "no such role, or it may not log in"),
+    ("root", PASSWORD, "role without a password"),
+])
+def test_a_failed_login_is_counted_and_logged_without_the_password(authenticator, metrics, caplog, user, password,
+                                                                    reason):
+    with caplog.at_level(logging.WARNING, logger="node.security"):
+        with pytest.raises(Unauthenticated, match=f"login of '{user}' failed") as refused:
+            authenticator.principal(login(user, password))
+    assert password not in str(refused.value)
+    assert failed(metrics, reason) == 1
+    assert f"refused login of '{user}'" in caplog.text and password not in caplog.text
+
+
+def test_no_credentials_say_what_to_give(authenticator):
+    with pytest.raises(Unauthenticated, match="client certificate.*--user NAME"):
+        authenticator.principal(CallContext())
+
+
+def test_certificates_name_a_node_or_a_role_that_may_log_in(authenticator, tmp_path):
+    certs.create_ca(tmp_path)
+    certs.create_node_cert(tmp_path, "n1", ["127.0.0.1"], out_dir=tmp_path / "n1")
+    certs.create_client_cert(tmp_path, "alice")
+    certs.create_client_cert(tmp_path, "bob")
+    node = (tmp_path / "n1" / certs.NODE_CERT).read_bytes()
+    assert authenticator.principal(CallContext(node)) == CLUSTER
+    assert authenticator.principal(CallContext((tmp_path / "client.alice.crt").read_bytes())) == Principal("alice")
+    with pytest.raises(Unauthenticated, match="client certificate of 'bob': no role 'bob'"):
+        authenticator.principal(CallContext((tmp_path / "client.bob.crt").read_bytes()))
+
+
+def test_administrative_calls_need_a_superuser_and_status_a_login(authenticator, state):
+    access = security.Access(authenticator)
+    alice = login("alice", PASSWORD)
+    code, message = access._refusal(alice, "/vbc.v1.Admin/Inject", pb.InjectRequest())
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "needs a superuser" in message
+    assert access._refusal(alice, "/vbc.v1.Admin/Status", pb.StatusRequest()) is None
+    assert access._refusal(alice, "/vbc.v1.Admin/Balancer", pb.BalancerRequest(action="status")) is None
+    assert access._refusal(alice, "/vbc.v1.Admin/Balancer", pb.BalancerRequest(action="off"))[0] == \
+        grpc.StatusCode.PERMISSION_DENIED
+    assert access._refusal(CallContext(), "/vbc.v1.Admin/Status", None)[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert access._refusal(alice, "/vbc.v1.Internode/ReplicaWrite", None)[0] == grpc.StatusCode.UNAUTHENTICATED
+    state.apply(AlterRole(name="alice", superuser=True, cmd_id=None))
+    assert access._refusal(alice, "/vbc.v1.Admin/Inject", pb.InjectRequest()) is None
