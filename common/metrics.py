@@ -137,7 +137,10 @@ def spark_metrics(stats: dict):
                 stats.get("spark_start_s", 0.0))
 
 
-def serve_metrics(address: str, registry: CollectorRegistry):
-    """Start the HTTP endpoint for `registry` on `address` (HOST:PORT); returns (server, thread)."""
+def serve_metrics(address: str, registry: CollectorRegistry, certfile: str | None = None,
+                  keyfile: str | None = None):
+    """Start the HTTP endpoint for `registry` on `address` (HOST:PORT), over HTTPS with `certfile` and `keyfile`;
+    returns (server, thread)."""
     host, _, port = address.rpartition(":")
-    return start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+    return start_http_server(int(port), addr=host or "127.0.0.1", registry=registry, certfile=certfile,
+                             keyfile=keyfile)

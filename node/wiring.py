@@ -95,6 +95,7 @@ class NodeConfig:
     certs_dir: Path | None = None  # ca.crt, node.crt, node.key (default: the data directory)
     client_addr: str | None = None  # a second port, TLS without client certificates, for password logins
     metrics_addr: str | None = None
+    metrics_tls: bool = False  # serve the metrics over HTTPS with the node's certificate
     spark_master: str = field(default_factory=default_master)
     spark_memory: str = "1g"
     spark_java_options: str = DEFAULT_JAVA_OPTIONS
@@ -278,7 +279,11 @@ class Node:
             raft_applied=lambda: self.group0.applied_index, raft_leader=lambda: 1 if self.group0.is_leader else 0,
             schema_version=self.schema_version)
         self.metrics.bind_worker(self.worker_stats)
-        self._metrics_server, _ = serve_metrics(address, self.metrics.registry)
+        tls = {}
+        if self.config.metrics_tls:
+            folder = Path(self.config.certs_dir or self.data_dir)
+            tls = {"certfile": str(folder / security.NODE_CERT), "keyfile": str(folder / security.NODE_KEY)}
+        self._metrics_server, _ = serve_metrics(address, self.metrics.registry, **tls)
 
     def _join(self) -> None:
         """Register this node in group0 (retrying until a leader commits it), then report SERVING."""

@@ -124,3 +124,27 @@ def test_administrative_calls_need_a_superuser_and_status_a_login(authenticator,
     assert access._refusal(alice, "/vbc.v1.Internode/ReplicaWrite", None)[0] == grpc.StatusCode.UNAUTHENTICATED
     state.apply(AlterRole(name="alice", superuser=True, cmd_id=None))
     assert access._refusal(alice, "/vbc.v1.Admin/Inject", pb.InjectRequest()) is None
+
+
+def test_metrics_are_served_over_https_with_the_node_certificate(tmp_path, metrics):
+    import ssl
+    import urllib.request
+
+    from common.metrics import serve_metrics
+    from vbc.cluster import free_port
+
+    certs.create_ca(tmp_path)
+    certs.create_node_cert(tmp_path, "n1", ["127.0.0.1"], out_dir=tmp_path / "n1")
+    address = f"127.0.0.1:{free_port()}"
+    server, _ = serve_metrics(address, metrics.registry, certfile=str(tmp_path / "n1" / certs.NODE_CERT),
+                              keyfile=str(tmp_path / "n1" / certs.NODE_KEY))
+    try:
+        metrics.failed_logins.labels("wrong password").inc()
+        trusting = ssl.create_default_context(cafile=str(tmp_path / certs.CA_CERT))
+        text = urllib.request.urlopen(f"https://{address}/metrics", timeout=5, context=trusting).read().decode()
+        assert 'vbc_failed_logins_total{reason="wrong password"} 1.0' in text
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -152,6 +152,8 @@ def add_node_parser(commands) -> None:
     start.add_argument("--storage-url", type=storage_url, metavar="URL",
                        help="SQLAlchemy URL of this node's storage (default: SQLite in DATA_DIR/storage.db)")
     start.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics over HTTP on this address")
+    start.add_argument("--metrics-tls", action="store_true",
+                       help="serve the metrics over HTTPS with the node's certificate (node.crt, node.key)")
     start.add_argument("--spark-master", metavar="URL",
                        help="Spark master for view building jobs (default local[N], N = CPUs; e.g. spark://host:7077)")
     start.add_argument("--spark-memory", default="1g", metavar="SIZE",
@@ -546,7 +548,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
                         peers=peers, shards=args.shards, storage_url=args.storage_url, raft_password=secret,
                         insecure=args.insecure, certs_dir=args.certs_dir, client_addr=args.client_addr,
-                        metrics_addr=args.metrics, spark_memory=args.spark_memory,
+                        metrics_addr=args.metrics, metrics_tls=args.metrics_tls, spark_memory=args.spark_memory,
                         limits=node_limits(args), enable_injections=args.enable_injections,
                         spark_prestart=args.spark_prestart,
                         **({"spark_master": args.spark_master} if args.spark_master else {}),
