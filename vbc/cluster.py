@@ -456,6 +456,8 @@ def probe_node(addr: str) -> Probe:
         return Probe(answered=True, ready=True, leader=response.leader)
     except grpc.RpcError as exc:
         status_error = client.error_text(exc)
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and "is starting" in (exc.details() or ""):
+            return Probe(answered=True, error=status_error)  # a secure node answers LocalStatus to nodes only
     try:
         local = client.local_status(addr, timeout=1.0)
         return Probe(answered=True, leader=local["leader"], error=status_error)
