@@ -601,7 +601,7 @@ FAKE_NODE = textwrap.dedent('''
     parser = argparse.ArgumentParser()
     parser.add_argument("--behaviour", default="serve")
     parser.add_argument("words", nargs="*")
-    for option in ("--id", "--data-dir", "--grpc", "--raft", "--peers", "--shards", "--storage-url",
+    for option in ("--id", "--data-dir", "--grpc", "--raft", "--client-addr", "--peers", "--shards", "--storage-url",
                    "--raft-secret-file"):
         parser.add_argument(option)
     parser.add_argument("--enable-injections", action="store_true")
