@@ -328,3 +328,24 @@ def test_the_node_certificate_must_name_the_address_dialled(pki, tmp_path):
             health_pb2.HealthCheckResponse.SERVING
     finally:
         server.stop(grace=None)
+
+
+def test_a_cluster_folder_made_again_with_a_new_ca_is_trusted_anew(tmp_path):
+    """The demo wipes its folder and makes a new CA: credentials cached for the old one must not be reused."""
+    import shutil
+
+    from vbc import client
+
+    folder = tmp_path / client.CREDENTIALS_DIR
+    certs.create_ca(folder)
+    certs.create_client_cert(folder, "root")
+    client.use_cluster_credentials(tmp_path, ["127.0.0.1:1"])
+    first = client._credentials["127.0.0.1:1"]
+    shutil.rmtree(folder)
+    certs.create_ca(folder)
+    certs.create_client_cert(folder, "root")
+    client.use_cluster_credentials(tmp_path, ["127.0.0.1:1"])
+    try:
+        assert client._credentials["127.0.0.1:1"] is not first
+    finally:
+        client.use_credentials(None, ["127.0.0.1:1"])

@@ -128,15 +128,18 @@ def _default_credentials() -> grpc.ChannelCredentials | None:
 def use_cluster_credentials(data_dir: str | Path, addresses: Iterable[str]) -> None:
     """The credentials of a local cluster's DIR/credentials for its addresses (nothing for an insecure cluster)."""
     folder = (Path(data_dir) / CREDENTIALS_DIR).resolve()
-    if not (folder / "ca.crt").exists():
+    try:
+        key = (folder, (folder / "ca.crt").read_bytes())
+    except FileNotFoundError:
         return
-    credentials = _cluster_credentials.get(folder)
+    credentials = _cluster_credentials.get(key)
     if credentials is None:
-        credentials = _cluster_credentials[folder] = credentials_from(folder)
+        credentials = _cluster_credentials[key] = credentials_from(folder)
     use_credentials(credentials, addresses)
 
 
-_cluster_credentials: dict[Path, grpc.ChannelCredentials] = {}  # by DIR/credentials folder
+# by DIR/credentials folder and its CA: a cluster made again in the same folder (the demo's) has a new CA
+_cluster_credentials: dict[tuple[Path, bytes], grpc.ChannelCredentials] = {}
 
 PASSWORD_ENV = "VBC_PASSWORD"
 USER_KEY, PASSWORD_KEY = "vbc-user", "vbc-password"  # node.security's names (not imported: it imports the core)
