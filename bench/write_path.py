@@ -164,13 +164,15 @@ class Paired:
 
 
 def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int, arrow_batch: int,
-                  clients: int, repeat: int, insecure: bool = False,
-                  methods: tuple[str, ...] = METHODS) -> tuple[dict[str, Paired], Latencies | None]:
+                  clients: int, repeat: int, insecure: bool = False, methods: tuple[str, ...] = METHODS,
+                  spark_prestart: bool = True) -> tuple[dict[str, Paired], Latencies | None]:
     """Per method, `repeat` runs through one fresh cluster (a table per run), each paired with a SQLite baseline run
-    just before it; and single-row latencies (3 nodes only). The cluster serves mutual TLS unless `insecure`."""
+    just before it; and single-row latencies (3 nodes only). The cluster serves mutual TLS unless `insecure`; its
+    nodes start their Spark sessions at once unless `spark_prestart` is False."""
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        cluster = start_cluster(tmp / "cluster", nodes=nodes, die_with_parent=True, insecure=insecure)
+        cluster = start_cluster(tmp / "cluster", nodes=nodes, die_with_parent=True, insecure=insecure,
+                                spark_prestart=spark_prestart)
         try:
             addresses = [n["grpc"] for n in cluster["nodes"]]
             client.execute(addresses[0], f"CREATE KEYSPACE bench WITH replication = {{'rf': {rf}}} "
@@ -266,12 +268,13 @@ def _run_clients(statements: list[tuple], addresses: list[str], clients: int) ->
 
 def compare_tls(rows: list[tuple], args: argparse.Namespace) -> None:
     """TLS against plaintext on 3 nodes RF 3, no view: single-row INSERT p50 and Arrow batch rows/s, `args.repeat`
-    pairs of fresh clusters (TLS first, then plaintext), and the medians of the per-pair ratios."""
+    pairs of fresh clusters (TLS first, then plaintext), and the medians of the per-pair ratios. No view is built,
+    so the nodes start no Spark JVM beside the measurement (--no-spark-prestart)."""
     p50s, rates = {True: [], False: []}, {True: [], False: []}
     for _ in range(args.repeat):
         for insecure in (False, True):
             paired, latencies = cluster_rates(3, 3, 0, rows, args.batch, args.arrow_batch, args.clients, 1,
-                                              insecure, methods=("arrow",))
+                                              insecure, methods=("arrow",), spark_prestart=False)
             p50s[insecure].append(statistics.median(latencies.inserts))
             rates[insecure].append(paired["arrow"].ours)
     p50_ratios = [tls / plain for tls, plain in zip(p50s[False], p50s[True])]
