@@ -158,6 +158,12 @@ class _ReplicatedState(SyncObjConsumer):
             self.changed.wait_for(lambda: self.closed or self._replica.applied_index >= index, timeout)
             return self._replica.applied_index >= index
 
+    def wait_for(self, holds: Callable[[StateMachine], bool], timeout: float) -> bool:
+        """Wait until `holds(state)` after an apply (at most `timeout` s); whether it holds."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.closed or holds(self._replica.state_machine), timeout)
+            return holds(self._replica.state_machine)
+
     def close(self) -> None:
         with self.changed:
             self.closed = True
@@ -363,6 +369,9 @@ class Group0:
 
     def wait_applied(self, index: int, timeout: float) -> bool:
         return self._state.wait_applied(index, timeout)
+
+    def wait_for(self, holds: Callable[[StateMachine], bool], timeout: float) -> bool:
+        return self._state.wait_for(holds, timeout)
 
     def force_log_compaction(self) -> None:
         """Write a full dump on the next tick and truncate the journal (normally automatic)."""

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,8 @@ MAX_CLOCK_SKEW_MICROS = 500_000
 SCHEMA_WAIT_TIMEOUT = 60.0  # a batch waits this long for writes begun under an older schema
 LEDGER_PRUNE_INTERVAL = 10.0
 CATCH_UP_WAIT = 1.0  # a follower usually applies the leader's commands within milliseconds; then a read barrier
+CATCH_UP_TIMEOUT = 10.0  # read barriers to catch up, tried again in slices: one sent to a leader that left is lost
+BARRIER_SLICE = 2.0
 
 
 @dataclass
@@ -394,26 +397,33 @@ class Node:
 
     def catch_up(self, version: int) -> None:
         """Make sure this node has applied schema `version` (a sender saw it, so it is committed)."""
-        if self.schema_version() >= version:
+        if self.group0.wait_for(lambda s: s.schema_version >= version, CATCH_UP_WAIT):
             return
-        try:
-            self.group0.barrier(timeout=10.0)
-        except Group0Unavailable as error:
-            raise Unavailable(f"node {self.node_id} cannot catch up with schema version {version}: {error}") from None
-        if self.schema_version() < version:
-            raise Unavailable(f"node {self.node_id} has schema version {self.schema_version()}, request needs {version}")
+        self._barriers_until(lambda: self.schema_version() >= version,
+                             lambda: f"has schema version {self.schema_version()}, the request needs {version}")
 
     def catch_up_index(self, index: int) -> None:
         """Make sure this node has applied group0 up to `index` (a leader applied it, so it is committed)."""
         if self.group0.applied_index >= index or self.group0.wait_applied(index, CATCH_UP_WAIT):
             return
-        try:
-            self.group0.barrier(timeout=10.0)
-        except Group0Unavailable as error:
-            raise Unavailable(f"node {self.node_id} cannot catch up with group0 index {index}: {error}") from None
-        if self.group0.applied_index < index:
-            raise Unavailable(f"node {self.node_id} applied group0 up to {self.group0.applied_index}, "
-                              f"the request needs {index}")
+        self._barriers_until(lambda: self.group0.applied_index >= index,
+                             lambda: f"applied group0 up to {self.group0.applied_index}, the request needs {index}")
+
+    def _barriers_until(self, caught_up: Callable[[], bool], behind: Callable[[], str]) -> None:
+        """Read barriers until `caught_up()`, for CATCH_UP_TIMEOUT at most: each in a short slice, so that one sent to
+        a leader that stepped down or left (a drained leader stops itself) is sent again to the next leader."""
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT
+        last_error = ""
+        while not self._stopping.is_set():
+            try:
+                self.group0.barrier(timeout=max(0.1, min(BARRIER_SLICE, deadline - time.monotonic())))
+            except Group0Unavailable as error:
+                last_error = f" ({error})"
+            if caught_up():
+                return
+            if time.monotonic() >= deadline:
+                break
+        raise Unavailable(f"node {self.node_id} {behind()} after read barriers for {CATCH_UP_TIMEOUT:g}s{last_error}")
 
     def _status_barrier(self) -> None:
         """Before answering a status: apply what the leader has applied, so progress read here never goes back.

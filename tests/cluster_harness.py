@@ -193,6 +193,11 @@ class LocalCluster:
         for node in self.nodes:
             print(f"---- {node['id']} ({node['grpc']}) {node['log']}", file=sys.stderr)
             print(cluster_mod.log_tail(node["log"], lines), file=sys.stderr)
+        removed = cluster_mod.load_cluster(self.data_dir).get("removed_nodes", [])
+        for node_id in removed:  # taken out of cluster.json; their logs often tell why
+            path = self.data_dir / node_id / cluster_mod.LOG_NAME
+            print(f"---- {node_id} (removed) {path}", file=sys.stderr)
+            print(cluster_mod.log_tail(path, lines), file=sys.stderr)
 
     # ------------------------------------------------------------ client calls
 
