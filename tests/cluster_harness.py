@@ -56,8 +56,9 @@ class LocalCluster:
     def __init__(self, nodes: int = 3, data_dir: str | Path | None = None, shards: int = 1,
                  storage_url: str | None = None, start_timeout: float = START_TIMEOUT,
                  launcher: list[str] | None = None, injections: bool = True, spark_prestart: bool = True,
-                 secure: bool = False):
+                 secure: bool = False, root_password: str | None = None):
         self.size = nodes
+        self.root_password = root_password  # root's password in a secure cluster (else a random one)
         self.launcher = launcher  # command prefix instead of `python -m vbc` (offline tests use a fake node)
         self.injections = injections  # nodes run with --enable-injections (what the fault tests use)
         self.spark_prestart = spark_prestart  # False: nodes run with --no-spark-prestart
@@ -88,7 +89,8 @@ class LocalCluster:
             description = cluster_mod.start_cluster(
                 self.data_dir, nodes=self.size, shards=self.shards, storage_url=self.storage_url,
                 timeout=self.start_timeout, launcher=self.launcher, die_with_parent=True, spawn=self._spawn,
-                injections=self.injections, spark_prestart=self.spark_prestart, insecure=not self.secure)
+                injections=self.injections, spark_prestart=self.spark_prestart, insecure=not self.secure,
+                root_password=self.root_password)
         except BaseException as error:
             self._closed = True
             self._stop_all()

@@ -778,3 +778,20 @@ def test_params_must_be_64_bit_integers():
     assert json_params('[[1, "a", null, 2.5]]') == [[1, "a", None, 2.5]]
     with pytest.raises(argparse.ArgumentTypeError, match="64 bits"):
         json_params("[[99999999999999999999]]")
+
+
+def test_a_given_root_password_is_read_from_the_first_line_of_its_file(tmp_path, capsys):
+    up = ["cluster", "up", "--nodes", "1", "--data-dir", str(tmp_path / "c"), "--root-password-file"]
+    code, _, err = run_cli(capsys, *up, str(tmp_path / "missing"))
+    assert code == 2 and "cannot read --root-password-file" in err
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    code, _, err = run_cli(capsys, *up, str(empty))
+    assert code == 2 and "holds no password on its first line" in err
+    given = tmp_path / "given"
+    given.write_text("s3cret\n")
+    code, _, err = run_cli(capsys, *up, str(given), "--insecure")
+    assert code == 2 and "needs a secure cluster" in err
+    assert not (tmp_path / "c").exists()  # refused before anything was made
+    args = cli.build_parser().parse_args([*up, str(given)])
+    assert cli.given_root_password(args) == "s3cret"

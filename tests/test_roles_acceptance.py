@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "Tr0ub4dor-and-3-horses"
+ROOT_PASSWORD = "root's own, given"
 
 
 def vbc(*args: str, password: str | None = None) -> subprocess.CompletedProcess:
@@ -42,7 +43,7 @@ def as_alice(cluster: LocalCluster, *args: str, password: str = PASSWORD) -> sub
 
 
 def test_a_role_reads_what_it_was_granted_and_writes_only_after_grant_modify(tmp_path):
-    with LocalCluster(nodes=1, secure=True) as cluster:
+    with LocalCluster(nodes=1, secure=True, root_password=ROOT_PASSWORD) as cluster:
         as_root(cluster,
                 "CREATE KEYSPACE ks1 WITH replication = {'rf': 1} AND tablets = {'initial': 2}",
                 "CREATE KEYSPACE ks2 WITH replication = {'rf': 1} AND tablets = {'initial': 2}",
@@ -86,10 +87,10 @@ def test_a_role_reads_what_it_was_granted_and_writes_only_after_grant_modify(tmp
             anonymous.Execute(pb.ExecuteRequest(statement="SELECT * FROM ks1.t"), timeout=10)
         assert nobody.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
-        root_password = (cluster.data_dir / "credentials" / "root.password").read_text().strip()
+        assert (cluster.data_dir / "credentials" / "root.password").read_text().strip() == ROOT_PASSWORD
         assert (cluster.data_dir / "credentials" / "root.password").stat().st_mode & 0o777 == 0o600
         roles = vbc("exec", "--cluster", str(cluster.data_dir), "--user", "root", "--json", "LIST ROLES",
-                    password=root_password)
+                    password=ROOT_PASSWORD)
         assert roles.returncode == 0, roles.stderr
         assert {r["role"]: r["super"] for r in map(json.loads, roles.stdout.splitlines())} == {
             "alice": False, "root": True}

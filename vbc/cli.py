@@ -218,6 +218,9 @@ def add_cluster_parser(commands) -> None:
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC without certificates; by default DIR/credentials gets the cluster's CA and the "
                          "client certificate of user root, and each node its node certificate")
+    up.add_argument("--root-password-file", type=Path, metavar="FILE",
+                    help="the password of the superuser root (its first line), set at the cluster's first start; "
+                         "by default a random one, written to DIR/credentials/root.password (mode 0600)")
     up.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
     up.set_defaults(handler=cmd_cluster_up, parser=up)
 
@@ -459,6 +462,21 @@ def login_addresses(args: argparse.Namespace) -> list[str]:
     return addresses
 
 
+def given_root_password(args: argparse.Namespace) -> str | None:
+    """The first line of --root-password-file (None when not given)."""
+    if args.root_password_file is None:
+        return None
+    if args.insecure:
+        raise UsageError("--root-password-file needs a secure cluster: an --insecure one has no logins")
+    try:
+        lines = args.root_password_file.read_text().splitlines()
+    except OSError as error:
+        raise UsageError(f"cannot read --root-password-file: {error.strerror}: {args.root_password_file}") from None
+    if not lines or not lines[0]:
+        raise UsageError(f"{args.root_password_file} holds no password on its first line")
+    return lines[0]
+
+
 def login_password(user: str) -> str:
     """$VBC_PASSWORD, else asked on the terminal (never an argument: arguments show in `ps`)."""
     password = os.environ.get(client.PASSWORD_ENV)
@@ -644,6 +662,7 @@ def start_failure(exc: cluster_mod.ClusterStartError) -> int:
 
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
+    root_password = given_root_password(args)
     console = stdout_console()
     stop_on_signals()
     try:
@@ -651,7 +670,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             cluster = cluster_mod.start_cluster(
                 args.data_dir, nodes=args.nodes, shards=args.shards, base_port=args.base_port,
                 storage_url=args.storage_url, timeout=args.timeout, injections=args.injections,
-                spark_prestart=args.spark_prestart, insecure=args.insecure,
+                spark_prestart=args.spark_prestart, insecure=args.insecure, root_password=root_password,
                 progress=lambda message: spinner.update(f"starting: {message}"),
             )
     except cluster_mod.ClusterStartError as exc:

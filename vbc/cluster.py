@@ -586,11 +586,12 @@ def start_cluster(data_dir: Path | str, nodes: int = 3, shards: int = 1, base_po
                   storage_url: str | None = None, timeout: float = START_TIMEOUT, launcher: list[str] | None = None,
                   die_with_parent: bool = False, progress: ProgressFn | None = None,
                   spawn: SpawnFn | None = None, injections: bool = True, spark_prestart: bool = True,
-                  insecure: bool = False) -> dict:
+                  insecure: bool = False, root_password: str | None = None) -> dict:
     """Start (or restart, when DIR has a cluster.json) a cluster and wait for every node and a leader.
 
     The nodes serve mutual TLS with certificates made here (`prepare_credentials`: DIR/credentials holds the CA and
-    the client certificate of user root), or plaintext with `insecure`.
+    the client certificate of user root), or plaintext with `insecure`. A secure cluster's superuser root gets
+    `root_password` (else a random one) at its first start, kept in DIR/credentials/root.password.
 
     Returns the cluster description (as saved in cluster.json, plus "leader"). On failure every started
     node is stopped and ClusterError/ClusterStartError is raised. `spawn` replaces spawn_node (e.g. to
@@ -623,21 +624,22 @@ def start_cluster(data_dir: Path | str, nodes: int = 3, shards: int = 1, base_po
     try:
         cluster["leader"] = wait_ready(cluster["nodes"], timeout, progress=progress)
         if not insecure:
-            ensure_root_password(data_dir, [node["grpc"] for node in cluster["nodes"]])
+            ensure_root_password(data_dir, [node["grpc"] for node in cluster["nodes"]], root_password)
     except BaseException:
         stop_cluster(data_dir, timeout=5.0)
         raise
     return cluster
 
 
-def ensure_root_password(data_dir: Path | str, addresses: list[str]) -> Path:
-    """DIR/credentials/root.password (mode 0600): a random password set for the superuser root once, so that root
-    can also log in by password (`--user root`) on the nodes' client ports."""
+def ensure_root_password(data_dir: Path | str, addresses: list[str], given: str | None = None) -> Path:
+    """DIR/credentials/root.password (mode 0600): the password set once for the superuser root (`given`, else a
+    random one), so that root can also log in by password (`--user root`) on the nodes' client ports."""
     path = Path(data_dir) / client.CREDENTIALS_DIR / ROOT_PASSWORD_NAME
     if path.exists():
         return path
-    password = secrets.token_urlsafe(24)  # letters, digits, '-' and '_': nothing to quote in CQL
-    client.execute(addresses, f"ALTER ROLE root WITH PASSWORD = '{password}'")
+    password = given or secrets.token_urlsafe(24)  # random: letters, digits, '-' and '_'
+    quoted = password.replace("'", "''")
+    client.execute(addresses, f"ALTER ROLE root WITH PASSWORD = '{quoted}'")
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as file:
         file.write(password + "\n")
