@@ -56,20 +56,19 @@ class RoleStatements:
         return Result(message=f"dropped role {s.name}")
 
     def _grant(self, principal: Principal, s: ast.Grant) -> Result:
-        self._require_superuser(principal, "GRANT")
-        keyspace, table = _resource(s.resource)
-        self._propose(GrantPermissions(role=s.role, permissions=s.permissions, keyspace=keyspace, table=table,
-                                        cmd_id=_cmd_id()))
-        return Result(message=f"granted {', '.join(s.permissions)} on {auth.resource_name((keyspace, table))} "
-                              f"to {s.role}")
+        return self._change_grants(principal, s, GrantPermissions, "granted", "to")
 
     def _revoke(self, principal: Principal, s: ast.Revoke) -> Result:
-        self._require_superuser(principal, "REVOKE")
+        return self._change_grants(principal, s, RevokePermissions, "revoked", "from")
+
+    def _change_grants(self, principal: Principal, s: ast.Grant | ast.Revoke, command: type[Command], done: str,
+                       preposition: str) -> Result:
+        self._require_superuser(principal, type(s).__name__.upper())
         keyspace, table = _resource(s.resource)
-        self._propose(RevokePermissions(role=s.role, permissions=s.permissions, keyspace=keyspace, table=table,
-                                        cmd_id=_cmd_id()))
-        return Result(message=f"revoked {', '.join(s.permissions)} on {auth.resource_name((keyspace, table))} "
-                              f"from {s.role}")
+        self._propose(command(role=s.role, permissions=s.permissions, keyspace=keyspace, table=table,
+                              cmd_id=_cmd_id()))
+        return Result(message=f"{done} {', '.join(s.permissions)} on {auth.resource_name((keyspace, table))} "
+                              f"{preposition} {s.role}")
 
     def _list_roles(self, principal: Principal, s: ast.ListRoles) -> Result:
         def rows(state) -> list[list]:
