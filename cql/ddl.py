@@ -71,12 +71,12 @@ class SchemaStatements:
         rf = _replication_factor(s.replication)
         tablets = _initial_tablets(s.tablets)
         value = self._propose(CreateKeyspace(name=s.name, rf=rf, initial_tablets=tablets,
-                                             if_not_exists=s.if_not_exists, cmd_id=_new_id()))
+                                             if_not_exists=s.if_not_exists, cmd_id=new_id()))
         return _message("created", "keyspace", s.name, value)
 
     def _alter_keyspace(self, s: ast.AlterKeyspace) -> Result:
         rf = _replication_factor(s.replication)
-        value = self._propose(AlterKeyspace(name=s.name, rf=rf, id_seed=_new_id(), cmd_id=_new_id()))
+        value = self._propose(AlterKeyspace(name=s.name, rf=rf, id_seed=new_id(), cmd_id=new_id()))
         result = _message("altered", "keyspace", s.name, value)
         if isinstance(value, str) and value.startswith("altered; "):
             result.message += (f": {value.removeprefix('altered; ')}, one tablet at a time in the background "
@@ -86,16 +86,16 @@ class SchemaStatements:
     def _create_table(self, s: ast.CreateTable) -> Result:
         keyspace = keyspace_of(s.table)
         value = self._propose(CreateTable(
-            id=_new_id(), keyspace=keyspace, name=s.table.name,
+            id=new_id(), keyspace=keyspace, name=s.table.name,
             columns=tuple(ColumnSpec(c.name, c.type) for c in s.columns), partition_key=tuple(s.partition_key),
-            clustering_key=tuple(s.clustering_key), if_not_exists=s.if_not_exists, cmd_id=_new_id(),
+            clustering_key=tuple(s.clustering_key), if_not_exists=s.if_not_exists, cmd_id=new_id(),
         ))
         return _message("created", "table", f"{keyspace}.{s.table.name}", value)
 
     def _alter_table(self, s: ast.AlterTable) -> Result:
         keyspace = keyspace_of(s.table)
         value = self._propose(AlterTable(keyspace=keyspace, name=s.table.name,
-                                         add=tuple(ColumnSpec(c.name, c.type) for c in s.add), cmd_id=_new_id()))
+                                         add=tuple(ColumnSpec(c.name, c.type) for c in s.add), cmd_id=new_id()))
         return _message("altered", "table", f"{keyspace}.{s.table.name}", value)
 
     def _create_view(self, s: ast.CreateView) -> Result:
@@ -103,42 +103,43 @@ class SchemaStatements:
         if s.base.keyspace not in (None, keyspace):
             raise InvalidArgument(f"a view must be in the keyspace of its base table ({s.base.keyspace}), not {keyspace}")
         value = self._propose(CreateView(
-            id=_new_id(), keyspace=keyspace, name=s.view.name, base=s.base.name,
+            id=new_id(), keyspace=keyspace, name=s.view.name, base=s.base.name,
             columns=tuple(s.columns) if s.columns is not None else None,
             where=tuple(WhereTerm(r.column, r.op, r.value) for r in s.where), partition_key=tuple(s.partition_key),
-            clustering_key=tuple(s.clustering_key), if_not_exists=s.if_not_exists, cmd_id=_new_id(),
+            clustering_key=tuple(s.clustering_key), if_not_exists=s.if_not_exists, cmd_id=new_id(),
         ))
         return _message("created", "materialized view", f"{keyspace}.{s.view.name}", value)
 
     def _create_index(self, s: ast.CreateIndex) -> Result:
         keyspace = keyspace_of(s.table)
         name = s.name or f"{s.table.name}_{s.column}_idx"
-        value = self._propose(CreateIndex(id=_new_id(), keyspace=keyspace, name=name, base=s.table.name,
-                                          column=s.column, if_not_exists=s.if_not_exists, cmd_id=_new_id()))
+        value = self._propose(CreateIndex(id=new_id(), keyspace=keyspace, name=name, base=s.table.name,
+                                          column=s.column, if_not_exists=s.if_not_exists, cmd_id=new_id()))
         return _message("created", "index", f"{keyspace}.{name}", value)
 
     def _drop_keyspace(self, s: ast.DropKeyspace) -> Result:
-        value = self._propose(DropKeyspace(name=s.name, if_exists=s.if_exists, cmd_id=_new_id()))
+        value = self._propose(DropKeyspace(name=s.name, if_exists=s.if_exists, cmd_id=new_id()))
         return _message("dropped", "keyspace", s.name, value)
 
     def _drop_table(self, s: ast.DropTable) -> Result:
         keyspace = keyspace_of(s.table)
-        value = self._propose(DropTable(keyspace=keyspace, name=s.table.name, if_exists=s.if_exists, cmd_id=_new_id()))
+        value = self._propose(DropTable(keyspace=keyspace, name=s.table.name, if_exists=s.if_exists, cmd_id=new_id()))
         return _message("dropped", "table", f"{keyspace}.{s.table.name}", value)
 
     def _drop_view(self, s: ast.DropView) -> Result:
         keyspace = keyspace_of(s.view)
-        value = self._propose(DropView(keyspace=keyspace, name=s.view.name, if_exists=s.if_exists, cmd_id=_new_id()))
+        value = self._propose(DropView(keyspace=keyspace, name=s.view.name, if_exists=s.if_exists, cmd_id=new_id()))
         return _message("dropped", "materialized view", f"{keyspace}.{s.view.name}", value)
 
     def _drop_index(self, s: ast.DropIndex) -> Result:
         keyspace = keyspace_of(s.index)
         value = self._propose(DropView(keyspace=keyspace, name=s.index.name, if_exists=s.if_exists, is_index=True,
-                                       cmd_id=_new_id()))
+                                       cmd_id=new_id()))
         return _message("dropped", "index", f"{keyspace}.{s.index.name}", value)
 
 
-def _new_id() -> str:
+def new_id() -> str:
+    """A command's or object's id: 32 random hex characters."""
     return uuid.uuid4().hex
 
 

@@ -6,8 +6,6 @@ superuser; a role may change its own password, and list its own roles and permis
 """
 from __future__ import annotations
 
-import uuid
-
 from common import passwords
 from coordinator.core import auth
 from coordinator.core.auth import Principal, Resource
@@ -16,6 +14,7 @@ from coordinator.core.errors import InvalidArgument, PermissionDenied
 
 from . import ast
 from .catalog import Group0Client
+from .ddl import new_id
 from .result import Result
 
 ROLE_TIMEOUT = 20.0
@@ -33,7 +32,7 @@ class RoleStatements:
     def _create_role(self, principal: Principal, s: ast.CreateRole) -> Result:
         self._require_superuser(principal, "CREATE ROLE")
         value = self._propose(CreateRole(name=s.name, password_hash=_hashed(s.password) or "", login=bool(s.login),
-                                         superuser=bool(s.superuser), if_not_exists=s.if_not_exists, cmd_id=_cmd_id()))
+                                         superuser=bool(s.superuser), if_not_exists=s.if_not_exists, cmd_id=new_id()))
         if value == "exists":
             return Result(message=f"role {s.name} already exists (IF NOT EXISTS): nothing done")
         return Result(message=f"created role {s.name}")
@@ -43,14 +42,14 @@ class RoleStatements:
         if not own_password_only:
             self._require_superuser(principal, "ALTER ROLE (other than of one's own password)")
         self._propose(AlterRole(name=s.name, password_hash=_hashed(s.password), login=s.login, superuser=s.superuser,
-                                cmd_id=_cmd_id()))
+                                cmd_id=new_id()))
         return Result(message=f"altered role {s.name}")
 
     def _drop_role(self, principal: Principal, s: ast.DropRole) -> Result:
         self._require_superuser(principal, "DROP ROLE")
         if principal.role == s.name:
             raise InvalidArgument(f"role {s.name} cannot drop itself; log in as another superuser")
-        value = self._propose(DropRole(name=s.name, if_exists=s.if_exists, cmd_id=_cmd_id()))
+        value = self._propose(DropRole(name=s.name, if_exists=s.if_exists, cmd_id=new_id()))
         if value == "absent":
             return Result(message=f"role {s.name} does not exist (IF EXISTS): nothing done")
         return Result(message=f"dropped role {s.name}")
@@ -66,7 +65,7 @@ class RoleStatements:
         self._require_superuser(principal, type(s).__name__.upper())
         keyspace, table = _resource(s.resource)
         self._propose(command(role=s.role, permissions=s.permissions, keyspace=keyspace, table=table,
-                              cmd_id=_cmd_id()))
+                              cmd_id=new_id()))
         return Result(message=f"{done} {', '.join(s.permissions)} on {auth.resource_name((keyspace, table))} "
                               f"{preposition} {s.role}")
 
@@ -114,9 +113,6 @@ def _hashed(password: str | None) -> str | None:
 def _resource(resource: ast.RoleResource) -> Resource:
     return (resource.keyspace, resource.table)
 
-
-def _cmd_id() -> str:
-    return uuid.uuid4().hex
 
 
 _HANDLERS = {
