@@ -118,3 +118,17 @@ def batches_from_pieces(pieces: Iterable[bytes]) -> Iterator[pa.RecordBatch]:
                 return
     except (pa.ArrowInvalid, OSError) as error:
         raise ValueError(f"not an Arrow IPC stream: {error}") from None
+
+
+def batch_ipc(batch: pa.RecordBatch) -> bytes:
+    """One record batch as Arrow IPC stream bytes."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def batch_from_ipc(data: bytes) -> pa.RecordBatch:
+    """The record batch of `batch_ipc` bytes (an empty stream: an empty batch of its schema)."""
+    table = pa.ipc.open_stream(data).read_all().combine_chunks()
+    return table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)

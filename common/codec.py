@@ -16,37 +16,9 @@ from storage.cells import Cell, Row
 from storage.reads import Aggregate
 from vbcpb import vbc_pb2 as pb
 
-from common.arrow_stream import ipc_pieces, table_from_pieces
+from common.arrow_stream import batch_from_ipc, batch_ipc, ipc_pieces, table_from_pieces  # noqa: F401
 from common.replica_messages import DEFAULT_PAGE_SIZE, RowBatch, ScanPage, ScanRequest
-
-
-def value_to_proto(value: object) -> pb.Value:
-    if value is None:
-        return pb.Value(null=True)
-    if isinstance(value, bool):
-        return pb.Value(boolean=value)
-    if isinstance(value, int):
-        return pb.Value(int=value)
-    if isinstance(value, float):
-        return pb.Value(double=value)
-    if isinstance(value, str):
-        return pb.Value(text=value)
-    raise TypeError(f"cannot encode {value!r} ({type(value).__name__}) as a Value")
-
-
-def value_from_proto(message: pb.Value) -> object:
-    kind = message.WhichOneof("kind")
-    if kind is None or kind == "null":
-        return None
-    return getattr(message, kind)
-
-
-def values_to_proto(values) -> pb.Row:
-    return pb.Row(values=[value_to_proto(v) for v in values])
-
-
-def values_from_proto(message: pb.Row) -> list:
-    return [value_from_proto(v) for v in message.values]
+from common.values import value_from_proto, value_to_proto, values_from_proto, values_to_proto  # noqa: F401
 
 
 def row_to_proto(row: Row) -> pb.Mutation:
@@ -159,17 +131,3 @@ def scan_page_from_proto(message: pb.ScanPage) -> ScanPage:
     if message.arrow:
         return ScanPage(batch=batch_from_ipc(message.arrow))
     return ScanPage(partials=[values_from_proto(p) for p in message.partials])
-
-
-def batch_ipc(batch: pa.RecordBatch) -> bytes:
-    """One record batch as Arrow IPC stream bytes."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
-def batch_from_ipc(data: bytes) -> pa.RecordBatch:
-    """The record batch of `batch_ipc` bytes (an empty stream: an empty batch of its schema)."""
-    table = pa.ipc.open_stream(data).read_all().combine_chunks()
-    return table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)

@@ -5,7 +5,8 @@ import time
 from collections.abc import Callable
 
 from common.arrow_values import decode_table, longest_string_bytes, plain_columns
-from common.codec import batch_ipc, values_from_proto, values_to_proto
+from common.arrow_stream import batch_ipc
+from common.values import values_from_proto, values_to_proto
 from common.open_calls import OpenCalls
 from common.status import streaming, unary
 from coordinator.core.auth import CLUSTER, Principal

@@ -795,3 +795,15 @@ def test_a_given_root_password_is_read_from_the_first_line_of_its_file(tmp_path,
     assert not (tmp_path / "c").exists()  # refused before anything was made
     args = cli.build_parser().parse_args([*up, str(given)])
     assert cli.given_root_password(args) == "s3cret"
+
+
+@pytest.mark.integration
+def test_a_command_starts_without_the_data_plane_libraries():
+    """A command's start-up imports neither SQLAlchemy nor Arrow nor the storage layer (each `vbc` run paid
+    about 0.5 s for them); `vbc load` and SELECTs import Arrow when they need it."""
+    probe = ("import sys, vbc.cli, vbc.client, vbc.cluster; "
+             "print(sorted(m for m in ('sqlalchemy', 'pyarrow', 'storage.reads', 'pyspark') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -10,8 +10,8 @@ from typing import Callable, Iterable, TypeVar
 
 import grpc
 
-from common.codec import values_from_proto, values_to_proto
 from common.stream_pool import StatusError, StreamPool, StreamPools, start_exchange
+from common.values import values_from_proto, values_to_proto
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as pb_grpc
 

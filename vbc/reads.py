@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import grpc
 import pyarrow as pa
 
-from common.codec import batch_from_ipc, values_from_proto, values_to_proto
+from common.arrow_stream import batch_from_ipc
+from common.values import values_from_proto, values_to_proto
 from storage.arrow_layouts import arrow_type
 from vbcpb import vbc_pb2 as pb
 
