@@ -520,10 +520,10 @@ def _sqlite_bind_table(chunk: pa.RecordBatch, bound: list[_Bound]) -> pa.RecordB
 
 def _merge_sqlite(backend: _Backend, sql: str, params: pa.Table) -> int:
     """(In a child process) one chunk in one BEGIN IMMEDIATE transaction, synchronous commit; rows changed."""
-    with _connect(backend) as conn:
-        cursor = conn.cursor()
+    with _kept_sqlite_connection(backend) as conn, conn.cursor() as cursor:
         _execute(cursor, "PRAGMA synchronous=FULL")
         _execute(cursor, f"PRAGMA cache_size=-{SQLITE_MERGE_CACHE_KIB}")
+        _execute(cursor, f"PRAGMA wal_autocheckpoint={SQLITE_CHECKPOINT_PAGES}")  # as the store's writer
         with _transaction(cursor, "BEGIN IMMEDIATE"):
             before = _scalar(cursor, "SELECT total_changes()")
             cursor.executemany(sql, params)
