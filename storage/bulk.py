@@ -51,7 +51,8 @@ earlier ones. `prepare_stored_window` does the part that needs no lock, so a str
 
 Processes. On SQLite the ADBC work runs in child processes (`storage.adbc_pool`, serving `CHILD_FUNCTIONS`):
 ADBC's SQLite driver carries its own copy of the SQLite library, and two copies in one process corrupt each
-other's WAL locking. A child keeps its last SQLite connections open between calls (`KEPT_SQLITE_CONNECTIONS`).
+other's WAL locking. A child keeps its last SQLite connections open between calls (`KEPT_SQLITE_CONNECTIONS`);
+merges have a child of their own, whose connection keeps its page cache from one merge to the next.
 PostgreSQL is reached over the network and runs in the calling thread.
 """
 from __future__ import annotations
@@ -219,8 +220,12 @@ def _transaction(cursor, begin: str) -> Iterator[None]:
     _execute(cursor, "COMMIT")
 
 
-_SQLITE_CHILDREN = ChildPool(SQLITE_IDLE_CHILDREN, __name__)
+_SQLITE_CHILDREN = ChildPool(SQLITE_IDLE_CHILDREN, __name__)  # reads and staging
+# Merges go to children of their own: a store takes one merge at a time, so one child keeps serving them, and its
+# kept connection keeps its page cache (SQLite drops a connection's cache when another connection committed since).
+_SQLITE_WRITERS = ChildPool(1, __name__)
 atexit.register(_SQLITE_CHILDREN.shutdown)
+atexit.register(_SQLITE_WRITERS.shutdown)
 
 
 def prestart_children(store: NodeStore, count: int) -> None:
@@ -229,6 +234,7 @@ def prestart_children(store: NodeStore, count: int) -> None:
     start with the number of batches it runs at once."""
     if store.url.get_backend_name() == "sqlite":
         _SQLITE_CHILDREN.prestart(count)
+        _SQLITE_WRITERS.prestart(1)
 
 
 def _child_warm_up() -> int:
@@ -245,6 +251,7 @@ def _child_warm_up() -> int:
 def shutdown() -> None:
     """Stop the idle child processes of the SQLite data plane (new ones start on the next call)."""
     _SQLITE_CHILDREN.shutdown()
+    _SQLITE_WRITERS.shutdown()
 
 
 def _to_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
@@ -595,7 +602,7 @@ def _chunk_merger(spec: TableSpec, backend: _Backend):
         return (lambda chunk: chunk), (lambda chunk: _merge_postgres(backend, spec, chunk))
     sql, bound = sqlite_upsert_sql(spec), _sqlite_parameters(spec)
     return ((lambda chunk: _to_ipc(_sqlite_bind_table(chunk, bound))),
-            (lambda params: _SQLITE_CHILDREN.run("merge", backend, sql, params)))
+            (lambda params: _SQLITE_WRITERS.run("merge", backend, sql, params)))
 
 
 def merge_view_rows(store: NodeStore, view_spec: TableSpec, rows: pa.Table, *,
@@ -702,7 +709,7 @@ def _stored_chunk_merger(spec: TableSpec, backend: _Backend):
                 (lambda chunk: _merge_postgres(backend, spec, chunk, postgres_stored_merge_sql)))
     sql, bound = sqlite_stored_upsert_sql(spec), _sqlite_stored_parameters(spec)
     return ((lambda chunk: _to_ipc(_sqlite_bind_table(chunk, bound))),
-            (lambda params: _SQLITE_CHILDREN.run("merge", backend, sql, params)))
+            (lambda params: _SQLITE_WRITERS.run("merge", backend, sql, params)))
 
 
 def merge_stored_rows(store: NodeStore, spec: TableSpec, rows: pa.Table, *,
@@ -823,7 +830,7 @@ def merge_prepared_window(store: NodeStore, spec: TableSpec, window: PreparedWin
     with store.bulk_merge_turn():
         for tokens, params in window.payloads:
             with store.writer_lock():
-                changed += _SQLITE_CHILDREN.run("merge_window", backend, statements, tokens, params, durable)
+                changed += _SQLITE_WRITERS.run("merge_window", backend, statements, tokens, params, durable)
     return changed
 
 

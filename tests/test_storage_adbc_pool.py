@@ -54,6 +54,26 @@ def test_prestarted_children_serve_the_first_calls_and_a_dead_one_is_replaced(tm
             bulk._SQLITE_CHILDREN._keep_idle = bulk.SQLITE_IDLE_CHILDREN
 
 
+def test_merges_keep_one_child_process_while_reads_take_others(tmp_path):
+    """A store's merges go to the writers' child, so its kept connection keeps its page cache between merges."""
+    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
+        spec = one_row_table(store)
+        bulk.shutdown()
+        try:
+            bulk.prestart_children(store, 2)
+            writer, = bulk._SQLITE_WRITERS._idle
+            readers = set(bulk._SQLITE_CHILDREN._idle)
+            stored = bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN, include_tombstones=True)
+            for _ in range(3):
+                bulk.merge_stored_rows(store, spec, stored)
+                assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+            assert bulk._SQLITE_WRITERS._idle == [writer] and writer not in readers
+            assert set(bulk._SQLITE_CHILDREN._idle) == readers
+        finally:
+            bulk.shutdown()
+            bulk._SQLITE_CHILDREN._keep_idle = bulk.SQLITE_IDLE_CHILDREN
+
+
 def test_an_error_in_a_child_process_reaches_the_caller_and_the_child_stays_usable(tmp_path):
     with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
         spec = one_row_table(store)
