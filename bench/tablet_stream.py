@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.build import fill  # noqa: E402
 from bench.bulk import BASE  # noqa: E402
+from node.security import channel_credentials, load_node_material  # noqa: E402
 from storage.cells import TableSpec  # noqa: E402
 from storage.store import NodeStore, physical_table_name  # noqa: E402
 from storage.upsert import last_write_wins_sql  # noqa: E402
@@ -97,6 +98,8 @@ def measure(data_dir: Path, addresses: dict[str, str], rows: int, runs: int,
     holder_db = Path(next(n for n in cluster_mod.load_cluster(data_dir)["nodes"] if n["id"] == holder)["data_dir"])
     fill(holder_db / "storage.db", spec, rows)
     ours, baseline, merged, streamed = [], [], [], 0
+    # StreamTablet and CleanupTablet are node-to-node calls: the benchmark makes them as a node does
+    client.use_credentials(channel_credentials(load_node_material(holder_db)), addresses.values())
     stub = client.internode_stub(addresses[other])
     for number in range(runs):
         status = client.local_status(addresses[other])

@@ -216,6 +216,13 @@ class StreamPools:
         for pool in pools:
             pool.close()
 
+    def discard(self, keys) -> None:
+        """Close the pools of `keys` (their connections changed); `get` makes new ones."""
+        with self._lock:
+            pools = [self._pools.pop(key) for key in keys if key in self._pools]
+        for pool in pools:
+            pool.close()
+
     def _all(self) -> list[StreamPool]:
         with self._lock:
             return list(self._pools.values())

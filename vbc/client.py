@@ -111,6 +111,7 @@ def use_credentials(credentials: grpc.ChannelCredentials | None, addresses: Iter
             channel = _channels.pop(address, None)
             if channel is not None:
                 channel.close()
+    _sessions.discard(stale)  # their open calls ran on the closed channels
 
 
 def has_credentials() -> bool:
