@@ -188,7 +188,8 @@ class Node:
         self.migrations.start()
         bulk.prestart_children(self.store, self._parallel_batches)
         if self.config.spark_prestart:
-            self.spark.prestart(warm_up)
+            self.spark.prestart(lambda spark, stopping: warm_up(spark, stopping,
+                                                                busy=lambda: self.worker.running_batches() > 0))
         if self.config.metrics_addr:
             self._start_metrics(self.config.metrics_addr)
         for target, name in ((self._join, "join"), (self._watch_schema, "schema-watch"),

@@ -169,3 +169,13 @@ def test_the_warm_up_rows_have_the_storage_layout_of_the_warm_up_table():
     first = rows.slice(0, 1).to_pylist()[0]
     assert first["token"] == token_of((first["c_id"],), ("int",)) and first["tombstone"] is False
     assert all(view.view.base_id == spark_warmup.BASE.id for view in spark_warmup.VIEWS)
+
+
+def test_the_warm_up_ends_after_its_first_job_once_real_batches_run(monkeypatch):
+    """A build started during the warm-up gets the cores: only the first warm-up job (the session's fixed first-job
+    costs, which the batches would pay too) runs once `busy()` is true."""
+    jobs = []
+    monkeypatch.setattr(spark_warmup, "run_view_job", lambda spark, rows: jobs.append(rows.num_rows))
+    assert len(spark_warmup.warm_up(None, runs=(3, 30, 300), busy=lambda: True)) == 1 and jobs == [3]
+    jobs.clear()
+    assert len(spark_warmup.warm_up(None, runs=(3, 30, 300), busy=lambda: False)) == 3 and jobs == [3, 30, 300]

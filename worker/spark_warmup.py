@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -67,16 +68,20 @@ def run_view_job(spark: NodeSpark, rows: pa.Table) -> dict[str, pa.Table]:
 
 
 def warm_up(spark: NodeSpark, stopping: threading.Event | None = None,
-            runs: tuple[int, ...] = WARMUP_RUNS) -> list[float]:
-    """Run the warm-up job once per entry of `runs` (its rows), none once `stopping` is set; the seconds of each."""
+            runs: tuple[int, ...] = WARMUP_RUNS, busy: Callable[[], bool] | None = None) -> list[float]:
+    """Run the warm-up job once per entry of `runs` (its rows), none once `stopping` is set, and none after the first
+    once `busy()` says real batches run (they warm the JIT themselves and need the cores); the seconds of each."""
     seconds = []
     for count in runs:
         if stopping is not None and stopping.is_set():
+            break
+        if seconds and busy is not None and busy():
             break
         rows = warmup_rows(count)
         started = time.perf_counter()
         run_view_job(spark, rows)
         seconds.append(time.perf_counter() - started)
-    log.info("spark warm-up: %d job(s) of %s rows in %s s", len(seconds), ", ".join(f"{n:,}" for n in runs),
+    done = runs[:len(seconds)]
+    log.info("spark warm-up: %d job(s) of %s rows in %s s", len(seconds), ", ".join(f"{n:,}" for n in done),
              ", ".join(f"{s:.2f}" for s in seconds))
     return seconds
