@@ -12,6 +12,7 @@ import pytest
 
 from vbc import client
 from vbc import cluster as cluster_mod
+from worker import spark_warmup
 
 from .cluster_harness import LocalCluster, free_port, wait_until
 
@@ -66,7 +67,8 @@ def test_a_node_prestarts_spark_before_any_view_exists(tmp_path):
 
         worker = wait_until(ready_worker, SPARK_READY_TIMEOUT, "the Spark session to be ready")
         assert worker["spark_error"] == "" and worker["spark_start_s"] > 0 and worker["spark_jobs"] == 0
-        assert "spark warm-up: 2 job(s) of 300, 20,000 rows" in cluster.log("n1")
+        runs = spark_warmup.WARMUP_RUNS
+        assert f"spark warm-up: {len(runs)} job(s) of {', '.join(f'{n:,}' for n in runs)} rows" in cluster.log("n1")
 
         addresses = cluster.addresses()
         make_table(addresses, "pre", rows=40_000, tablets=8)
