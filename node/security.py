@@ -13,8 +13,10 @@ import functools
 import hashlib
 import hmac
 import logging
+import math
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +26,7 @@ import grpc
 from common import passwords
 from coordinator.core import auth
 from coordinator.core.auth import CLUSTER, Principal
-from coordinator.core.errors import CoreError, Unauthenticated
+from coordinator.core.errors import CoreError, ResourceExhausted, Unauthenticated
 from common.certs import (
     CA_CERT,
     NODE_CERT,
@@ -87,15 +89,53 @@ def client_server_credentials(material: TlsMaterial) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([(material.private_key, material.certificate_chain)])
 
 
+class LoginThrottle:
+    """Failed password logins per client host, as a token bucket: `burst` failures at once, then one per `refill_s`
+    seconds. A host out of tokens is refused before its password is checked, so guessing cannot keep a node's
+    cores busy with scrypt (about 65 ms of CPU per check). Times are given, so the rule is testable."""
+
+    def __init__(self, burst: int = 5, refill_s: float = 2.0, hosts: int = 4096):
+        self._burst, self._refill_s, self._hosts = burst, refill_s, hosts
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # host -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def wait_s(self, host: str, now: float) -> float:
+        """0 when `host` may try a password now, else the seconds until it may."""
+        with self._lock:
+            tokens = self._tokens(host, now)
+        return 0.0 if tokens >= 1 else (1 - tokens) * self._refill_s
+
+    def failed(self, host: str, now: float) -> None:
+        """`host` gave a wrong password (or a name that cannot log in)."""
+        with self._lock:
+            self._buckets[host] = (max(self._tokens(host, now) - 1, 0.0), now)
+            self._buckets.move_to_end(host)
+            while len(self._buckets) > self._hosts:
+                self._buckets.popitem(last=False)
+
+    def _tokens(self, host: str, now: float) -> float:
+        tokens, at = self._buckets.get(host, (self._burst, now))
+        return min(self._burst, tokens + max(now - at, 0.0) / self._refill_s)
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string ("ipv4:127.0.0.1:4242", "ipv6:[::1]:4242"), without its port."""
+    address = peer.split(":", 1)[1] if ":" in peer else peer
+    return address.rsplit(":", 1)[0] if address.count(":") >= 1 and not address.endswith("]") else address
+
+
 class Authenticator:
     """Who a call comes from: a node, a role named by its client certificate, or a role logged in by password.
 
     A verified password is remembered (by a keyed digest of name and password, never the password) with the
     hash it matched, so a later call with it costs no scrypt until the role's password changes."""
 
-    def __init__(self, read_state: Callable, failed_logins=None):
+    def __init__(self, read_state: Callable, failed_logins=None, throttle: LoginThrottle | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self._read = read_state
         self._failed_logins = failed_logins
+        self._throttle = throttle or LoginThrottle()
+        self._clock = clock
         self._key = os.urandom(32)
         self._verified: OrderedDict[bytes, str] = OrderedDict()
         self._lock = threading.Lock()
@@ -128,18 +168,25 @@ class Authenticator:
             self._refused(user, "no such role, or it may not log in", context)
         elif not stored:
             self._refused(user, "role without a password", context)
-        elif not self._matches(user, password, stored):
+        elif not self._matches(user, password, stored, context):
             self._refused(user, "wrong password", context)
         else:
             return Principal(user)
+        self._throttle.failed(peer_host(context.peer()), self._clock())
         raise Unauthenticated(f"login of {user!r} failed: wrong name or password, or the role may not log in")
 
-    def _matches(self, user: str, password: str, stored: str) -> bool:
+    def _matches(self, user: str, password: str, stored: str, context) -> bool:
         digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
         with self._lock:
             if self._verified.get(digest) == stored:
                 self._verified.move_to_end(digest)
                 return True
+        host = peer_host(context.peer())
+        wait_s = self._throttle.wait_s(host, self._clock())
+        if wait_s > 0:
+            if self._failed_logins is not None:
+                self._failed_logins.labels("throttled").inc()
+            raise ResourceExhausted(f"too many failed logins from {host}; try again in {math.ceil(wait_s)} s")
         if not passwords.verify(password, stored):
             return False
         with self._lock:

@@ -10,7 +10,7 @@ from common import certs, passwords
 from common.metrics import NodeMetrics
 from coordinator.core.auth import CLUSTER, Principal
 from coordinator.core.commands import AlterRole, CreateRole
-from coordinator.core.errors import Unauthenticated
+from coordinator.core.errors import ResourceExhausted, Unauthenticated
 from coordinator.core.state import Group0State
 from node import security
 from vbcpb import vbc_pb2 as pb
@@ -148,3 +148,53 @@ def test_metrics_are_served_over_https_with_the_node_certificate(tmp_path, metri
     finally:
         server.shutdown()
         server.server_close()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_host_guessing_passwords_is_refused_before_scrypt_then_let_in_again(state, metrics, monkeypatch):
+    """Five wrong passwords from one host, then its logins are refused at once (RESOURCE_EXHAUSTED, no scrypt) until
+    a token refills; another host, and a login already verified, are not held back."""
+    clock = Clock()
+    authenticator = security.Authenticator(lambda fn: fn(state), metrics.failed_logins, clock=clock)
+    assert authenticator.principal(login("alice", PASSWORD)) == Principal("alice")  # verified before the guessing
+    checks = []
+    real_verify = passwords.verify
+    monkeypatch.setattr(passwords, "verify", lambda *args: checks.append(1) or real_verify(*args))
+    for guess in range(5):
+        with pytest.raises(Unauthenticated):
+            authenticator.principal(login("alice", f"guess-{guess}"))
+    with pytest.raises(ResourceExhausted, match=r"too many failed logins from 127\.0\.0\.1; try again in 2 s"):
+        authenticator.principal(login("alice", "guess-5"))
+    assert len(checks) == 5 and failed(metrics, "throttled") == 1.0
+    assert authenticator.principal(login("alice", PASSWORD)) == Principal("alice")  # remembered: no check
+    other_host = login("alice", "guess-6")
+    other_host.peer = lambda: "ipv4:10.0.0.9:5000"
+    with pytest.raises(Unauthenticated):
+        authenticator.principal(other_host)
+    clock.now += 2.0
+    with pytest.raises(Unauthenticated):  # one token back: one more check
+        authenticator.principal(login("alice", "guess-7"))
+    assert len(checks) == 7
+
+
+def test_the_login_throttle_refills_one_failure_per_interval_up_to_its_burst():
+    throttle = security.LoginThrottle(burst=2, refill_s=3.0)
+    assert throttle.wait_s("h", 0.0) == 0.0
+    throttle.failed("h", 0.0)
+    throttle.failed("h", 0.0)
+    assert throttle.wait_s("h", 0.0) == 3.0 and throttle.wait_s("h", 1.5) == 1.5 and throttle.wait_s("h", 3.0) == 0.0
+    assert throttle.wait_s("h", 100.0) == 0.0 and throttle.wait_s("other", 0.0) == 0.0
+    throttle.failed("h", 100.0)
+    assert throttle.wait_s("h", 100.0) == 0.0  # the bucket refilled to its burst, not beyond
+
+
+def test_a_peer_host_is_its_address_without_the_port():
+    assert security.peer_host("ipv4:127.0.0.1:4242") == "127.0.0.1"
+    assert security.peer_host("ipv6:[::1]:4242") == "[::1]"

@@ -48,12 +48,18 @@ class DeadlineExceeded(CoreError):
     code = "DEADLINE_EXCEEDED"
 
 
+class ResourceExhausted(CoreError):
+    """A caller went past a limit (too many failed logins, say); the message says when to try again."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
 class StaleTerm(FailedPrecondition):
     """A leader's command or call from a Raft term older than the newest one seen: a newer leader took over."""
 
 
 ERRORS_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable,
-                                            PermissionDenied, Unauthenticated)}
+                                            PermissionDenied, Unauthenticated, ResourceExhausted)}
 
 
 ERRORS_BY_NAME = {cls.__name__: cls for cls in (*ERRORS_BY_CODE.values(), StaleTerm)}
