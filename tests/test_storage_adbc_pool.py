@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
@@ -33,45 +34,45 @@ def test_a_dead_child_process_is_replaced(tmp_path):
         assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
 
 
-def test_prestarted_children_serve_the_first_calls_and_a_dead_one_is_replaced(tmp_path):
-    """A node starts its data plane's children at start: the first reads find them idle, none is started then."""
+@contextmanager
+def prestarted_store(tmp_path, children: int):
+    """A store with one row, its data plane's children prestarted (`children` readers); the pools as they were after."""
     with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
         spec = one_row_table(store)
         bulk.shutdown()
         try:
-            bulk.prestart_children(store, 3)
-            prestarted = list(bulk._SQLITE_CHILDREN._idle)
-            assert len(prestarted) == 3 and all(child.alive() for child in prestarted)
-            prestarted[0]._process.kill()
-            prestarted[0]._process.wait()
-            bulk.prestart_children(store, 3)
-            ready = list(bulk._SQLITE_CHILDREN._idle)
-            assert len(ready) == 3 and prestarted[0] not in ready
-            assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-            assert set(bulk._SQLITE_CHILDREN._idle) == set(ready)  # the read used an idle child, started none
+            bulk.prestart_children(store, children)
+            yield store, spec
         finally:
             bulk.shutdown()
             bulk._SQLITE_CHILDREN._keep_idle = bulk.SQLITE_IDLE_CHILDREN
+
+
+def test_prestarted_children_serve_the_first_calls_and_a_dead_one_is_replaced(tmp_path):
+    """A node starts its data plane's children at start: the first reads find them idle, none is started then."""
+    with prestarted_store(tmp_path, 3) as (store, spec):
+        prestarted = list(bulk._SQLITE_CHILDREN._idle)
+        assert len(prestarted) == 3 and all(child.alive() for child in prestarted)
+        prestarted[0]._process.kill()
+        prestarted[0]._process.wait()
+        bulk.prestart_children(store, 3)
+        ready = list(bulk._SQLITE_CHILDREN._idle)
+        assert len(ready) == 3 and prestarted[0] not in ready
+        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+        assert set(bulk._SQLITE_CHILDREN._idle) == set(ready)  # the read used an idle child, started none
 
 
 def test_merges_keep_one_child_process_while_reads_take_others(tmp_path):
     """A store's merges go to the writers' child, so its kept connection keeps its page cache between merges."""
-    with NodeStore(sa.URL.create("sqlite", database=str(tmp_path / "n.db"))) as store:
-        spec = one_row_table(store)
-        bulk.shutdown()
-        try:
-            bulk.prestart_children(store, 2)
-            writer, = bulk._SQLITE_WRITERS._idle
-            readers = set(bulk._SQLITE_CHILDREN._idle)
-            stored = bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN, include_tombstones=True)
-            for _ in range(3):
-                bulk.merge_stored_rows(store, spec, stored)
-                assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
-            assert bulk._SQLITE_WRITERS._idle == [writer] and writer not in readers
-            assert set(bulk._SQLITE_CHILDREN._idle) == readers
-        finally:
-            bulk.shutdown()
-            bulk._SQLITE_CHILDREN._keep_idle = bulk.SQLITE_IDLE_CHILDREN
+    with prestarted_store(tmp_path, 2) as (store, spec):
+        writer, = bulk._SQLITE_WRITERS._idle
+        readers = set(bulk._SQLITE_CHILDREN._idle)
+        stored = bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN, include_tombstones=True)
+        for _ in range(3):
+            bulk.merge_stored_rows(store, spec, stored)
+            assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+        assert bulk._SQLITE_WRITERS._idle == [writer] and writer not in readers
+        assert set(bulk._SQLITE_CHILDREN._idle) == readers
 
 
 def test_an_error_in_a_child_process_reaches_the_caller_and_the_child_stays_usable(tmp_path):
