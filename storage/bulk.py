@@ -525,12 +525,17 @@ def _sqlite_bind_table(chunk: pa.RecordBatch, bound: list[_Bound]) -> pa.RecordB
     return pa.RecordBatch.from_arrays(arrays, names=[f"p{i}" for i in range(len(arrays))])
 
 
+def _merge_settings(cursor, durable: bool) -> None:
+    """A merge connection's settings: its commits synced (or not), a big page cache, the store writer's checkpoint."""
+    _execute(cursor, f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+    _execute(cursor, f"PRAGMA cache_size=-{SQLITE_MERGE_CACHE_KIB}")
+    _execute(cursor, f"PRAGMA wal_autocheckpoint={SQLITE_CHECKPOINT_PAGES}")
+
+
 def _merge_sqlite(backend: _Backend, sql: str, params: pa.Table) -> int:
     """(In a child process) one chunk in one BEGIN IMMEDIATE transaction, synchronous commit; rows changed."""
     with _kept_sqlite_connection(backend) as conn, conn.cursor() as cursor:
-        _execute(cursor, "PRAGMA synchronous=FULL")
-        _execute(cursor, f"PRAGMA cache_size=-{SQLITE_MERGE_CACHE_KIB}")
-        _execute(cursor, f"PRAGMA wal_autocheckpoint={SQLITE_CHECKPOINT_PAGES}")  # as the store's writer
+        _merge_settings(cursor, durable=True)
         with _transaction(cursor, "BEGIN IMMEDIATE"):
             before = _scalar(cursor, "SELECT total_changes()")
             cursor.executemany(sql, params)
@@ -770,9 +775,7 @@ def _merge_sqlite_window(backend: _Backend, statements: _WindowStatements, token
     `durable`; rows changed. A key repeated in the chunk makes the plain INSERT fail: the chunk is then merged
     instead."""
     with _kept_sqlite_connection(backend) as conn, conn.cursor() as cursor:
-        _execute(cursor, f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-        _execute(cursor, f"PRAGMA cache_size=-{SQLITE_MERGE_CACHE_KIB}")
-        _execute(cursor, f"PRAGMA wal_autocheckpoint={SQLITE_CHECKPOINT_PAGES}")  # as the store's writer
+        _merge_settings(cursor, durable)
         try:
             with _transaction(cursor, "BEGIN IMMEDIATE"):
                 return _insert_or_merge(cursor, statements, tokens, params)
