@@ -54,10 +54,10 @@ def test_a_node_makes_the_archive_after_its_warm_up_and_the_next_jvm_starts_from
     try:
         first.prestart(lambda spark, stopping: warm_up(spark, stopping, runs=(50,)))
         deadline = time.monotonic() + 600
-        while not cache.archive.exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert cache.archive.exists(), first.state
-        assert not cache.lock.exists() and not cache.class_list.exists()
+        while not (cache.archive.exists() and not cache.lock.exists()) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the archive is renamed into place first, then the lock and the class list go
+        assert cache.archive.exists() and not cache.lock.exists(), first.state
+        assert not cache.class_list.exists()
     finally:
         first.stop()
     second = NodeSpark(config)
