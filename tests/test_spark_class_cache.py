@@ -11,6 +11,8 @@ from worker import spark_class_cache as cc
 from worker.spark_session import NodeSpark, SparkConfig
 from worker.spark_warmup import warm_up
 
+from .cluster_harness import wait_until
+
 
 def test_the_directory_comes_from_the_config_then_the_environment_and_off_disables_it(tmp_path, monkeypatch):
     monkeypatch.delenv(cc.ENVIRONMENT_VARIABLE, raising=False)
@@ -53,10 +55,9 @@ def test_a_node_makes_the_archive_after_its_warm_up_and_the_next_jvm_starts_from
     first = NodeSpark(config)
     try:
         first.prestart(lambda spark, stopping: warm_up(spark, stopping, runs=(50,)))
-        deadline = time.monotonic() + 600
-        while not (cache.archive.exists() and not cache.lock.exists()) and time.monotonic() < deadline:
-            time.sleep(0.5)  # the archive is renamed into place first, then the lock and the class list go
-        assert cache.archive.exists() and not cache.lock.exists(), first.state
+        # the archive is renamed into place first, then the lock and the class list go
+        wait_until(lambda: cache.archive.exists() and not cache.lock.exists(), 600,
+                   "the class-data archive to be made, its lock removed", interval=0.5)
         assert not cache.class_list.exists()
     finally:
         first.stop()
