@@ -69,6 +69,7 @@ def test_a_node_prestarts_spark_before_any_view_exists(tmp_path):
         assert worker["spark_error"] == "" and worker["spark_start_s"] > 0 and worker["spark_jobs"] == 0
         runs = spark_warmup.WARMUP_RUNS
         assert f"spark warm-up: {len(runs)} job(s) of {', '.join(f'{n:,}' for n in runs)} rows" in cluster.log("n1")
+        assert f"; {spark_warmup.PLANNING_RUNS} planning job(s) of " in cluster.log("n1")
 
         addresses = cluster.addresses()
         make_table(addresses, "pre", rows=40_000, tablets=8)

@@ -178,4 +178,5 @@ def test_the_warm_up_ends_after_its_first_job_once_real_batches_run(monkeypatch)
     monkeypatch.setattr(spark_warmup, "run_view_job", lambda spark, rows: jobs.append(rows.num_rows))
     assert len(spark_warmup.warm_up(None, runs=(3, 30, 300), busy=lambda: True)) == 1 and jobs == [3]
     jobs.clear()
-    assert len(spark_warmup.warm_up(None, runs=(3, 30, 300), busy=lambda: False)) == 3 and jobs == [3, 30, 300]
+    assert len(spark_warmup.warm_up(None, runs=(3, 30, 300), busy=lambda: False, planning_runs=2)) == 5
+    assert jobs == [3, 30, 300, spark_warmup.WARMUP_ROWS, spark_warmup.WARMUP_ROWS]
