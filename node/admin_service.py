@@ -68,9 +68,12 @@ class AdminService(rpc.AdminServicer):
         moving = deps.read_state(lambda s: [migration_info(s, m) for m in sorted(t.migration_id
                                                                                  for t in s.transitions.values())])
         self._add_rates(views)
-        probes = {n.id: self._pool.submit(deps.probe, n.id) for n in nodes}
         response = pb.StatusResponse(leader=group0_status.get("leader_id") or "", term=group0_status["term"],
                                      answered_by=deps.node_id, schema_version=version, migrations=moving)
+        if request.views_only:
+            response.views.extend(view for _, view in views)
+            return response
+        probes = {n.id: self._pool.submit(deps.probe, n.id) for n in nodes}
         streams = []
         for member in nodes:
             local = probes[member.id].result()

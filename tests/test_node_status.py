@@ -104,6 +104,11 @@ def test_a_view_whose_batches_keep_failing_shows_the_last_error_until_it_is_buil
         assert failure["attempts"] >= 2 and INJECTED in failure["error"]
         human = vbc("status", "--addr", cluster.addr("n1"), timeout=60).stdout
         assert re.search(r"fail\.mv: \d+ batches failed in a row on n1: .*injected failure", human), human
+        views_only = client.status(addresses, views_only=True)
+        assert views_only["nodes"] == [] and view_of(views_only, "fail.mv")["errors"] == []
+        assert view_of(views_only, "fail.mv")["state"] == "BUILDING"
+        with pytest.raises(TimeoutError, match=f"fail.mv is not built after 0.5s: .*n1: .*{INJECTED}"):
+            client.wait_built(addresses, "fail.mv", timeout=0.5)
 
         cluster.inject("worker_fail_build_range", "n1", "disable")
         built = cluster.wait_view_built("fail.mv", BUILD_TIMEOUT)

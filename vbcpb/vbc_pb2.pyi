@@ -240,8 +240,10 @@ class MigrationInfo(_message.Message):
     def __init__(self, migration_id: _Optional[str] = ..., state: _Optional[str] = ..., stage: _Optional[str] = ..., reason: _Optional[str] = ..., table: _Optional[str] = ..., tablet: _Optional[int] = ..., leaving: _Optional[str] = ..., pending: _Optional[str] = ..., kind: _Optional[str] = ..., rows_streamed: _Optional[int] = ..., rows_per_s: _Optional[float] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("views_only",)
+    VIEWS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    views_only: bool
+    def __init__(self, views_only: _Optional[bool] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("id", "grpc", "raft", "alive", "shards", "schema_version", "pending_view_updates", "worker", "insecure")
