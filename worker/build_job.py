@@ -177,6 +177,12 @@ def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...
                    ) -> dict[Replica, pa.Table]:
     """View rows grouped by the view replicas paired with this base replica in the view tablet owning each row
     (`migrations.paired_positions`; while that view tablet moves, its pending replica too)."""
+    if view_rows.num_rows == 0:
+        return {}
+    targets = {paired_targets(replicas[t], (moves or {}).get(t), pair, len(replicas[t]) if base_count is None
+                              else base_count) for t in range(len(replicas))}
+    if len(targets) == 1:  # every view tablet's rows go to the same replicas (RF = nodes, or one node): no split
+        return {replica: view_rows for replica in targets.pop()}
     tablets = tablet_indices(view_rows.column("token"), len(replicas))
     groups: dict[Replica, list[pa.Table]] = {}
     for tablet in pc.unique(tablets).to_pylist():
