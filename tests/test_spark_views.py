@@ -463,7 +463,7 @@ def test_the_warm_up_job_computes_its_views_like_a_batch(node_spark):
     assert computed[by_name.id].num_rows == sum(
         1 for r in records if r["c_name"] is not None and r["c_amount"] is not None and r["c_amount"] > 0)
     assert computed[flag_idx.id].num_rows == sum(1 for r in records if r["c_flag"] is not None)
-    assert len(spark_warmup.warm_up(node_spark, runs=(10, 20))) == 2
+    assert len(spark_warmup.warm_up(node_spark, runs=(10, 20), planning_runs=1)) == 3
     stopping = threading.Event()
     stopping.set()
     assert spark_warmup.warm_up(node_spark, stopping) == []
