@@ -81,3 +81,13 @@ def test_a_node_makes_the_archive_after_its_warm_up_and_the_next_jvm_starts_from
         assert warm_up(second, runs=(20,))
     finally:
         second.stop()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no scheduling autogroups on this system")
+def test_the_archive_is_made_at_the_lowest_priority_in_a_scheduling_group_of_its_own(tmp_path):
+    seen = tmp_path / "seen"
+    command = ["sh", "-c", f"cat /proc/self/autogroup > {seen}; ps -o ni= -p $$ >> {seen}"]
+    assert cc._run_at_lowest_priority(command, threading.Event())
+    autogroup, nice = seen.read_text().splitlines()
+    assert autogroup.endswith("nice 19") and autogroup.split()[0] != Path("/proc/self/autogroup").read_text().split()[0]
+    assert nice.strip() == "19"
