@@ -127,35 +127,15 @@ class ClassCache:
                 leftover.unlink(missing_ok=True)
 
     def _take_lock(self) -> bool:
-        """Create the lock holding this process's id; a lock is taken over when its process is gone (a node killed
-        while it dumped) or, whoever holds it, once it is STALE_LOCK_SECONDS old."""
         for _ in range(2):
             try:
-                descriptor = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.close(os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                return True
             except FileExistsError:
-                if time.time() - _mtime(self.lock) < STALE_LOCK_SECONDS and _holder_alive(self.lock):
+                if time.time() - _mtime(self.lock) < STALE_LOCK_SECONDS:
                     return False
                 self.lock.unlink(missing_ok=True)
-                continue
-            with os.fdopen(descriptor, "w") as lock:
-                lock.write(str(os.getpid()))
-            return True
         return False
-
-
-def _holder_alive(lock: Path) -> bool:
-    """Whether the process whose id the lock holds runs (True when the lock names none: only its age tells)."""
-    try:
-        pid = int(lock.read_text().strip())
-    except (OSError, ValueError):
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _mtime(path: Path) -> float:
