@@ -4,9 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 
-import pyspark
 import pytest
 
 from worker import spark_class_cache as cc
@@ -35,16 +33,6 @@ def test_a_jvm_lists_its_classes_until_an_archive_exists_then_starts_from_it(tmp
     assert cache.java_options() == f"-XX:SharedArchiveFile={cache.archive}"
     other = cc.ClassCache.for_jvm(tmp_path / "classes", "")
     assert other.archive != cache.archive, "other JVM options, another archive"
-
-
-def test_another_spark_installation_makes_its_own_archive(tmp_path, monkeypatch):
-    cache = cc.ClassCache.for_jvm(tmp_path, "")
-    assert cache is not None, "the tests need Java"
-    installed = cc.spark_installation()
-    assert installed.endswith(str(Path(pyspark.__file__).resolve().parent))
-    monkeypatch.setattr(cc, "spark_installation", lambda: installed.replace("pyspark", "another/pyspark"))
-    other = cc.ClassCache.for_jvm(tmp_path, "")
-    assert other.archive != cache.archive, "its jars are elsewhere: a JVM would not use this archive"
 
 
 def test_one_process_makes_the_archive_and_a_stale_lock_is_taken_over(tmp_path):

@@ -47,15 +47,6 @@ def cache_directory(configured: str | None = None) -> Path | None:
     return Path(value).expanduser().resolve()
 
 
-def spark_installation() -> str:
-    """The installed PySpark: its version and where its jars are. An archive holds the paths of the jars it was made
-    from, and a JVM whose class path differs ignores it (measured: a session from another virtualenv with the same
-    PySpark started in 5.4-5.8 s instead of 2.5-3.6 s), so each installation makes its own."""
-    import pyspark
-
-    return f"{pyspark.__version__}|{Path(pyspark.__file__).resolve().parent}"
-
-
 def java_executable() -> Path | None:
     """The `java` PySpark's launcher runs: `$JAVA_HOME/bin/java`, else the one on the PATH."""
     home = os.environ.get("JAVA_HOME")
@@ -77,8 +68,10 @@ class ClassCache:
         java = java_executable()
         if directory is None or java is None:
             return None
+        import pyspark
+
         stat = java.stat()
-        identity = f"{spark_installation()}|{java}|{stat.st_size}|{stat.st_mtime_ns}|{java_options}"
+        identity = f"{pyspark.__version__}|{java}|{stat.st_size}|{stat.st_mtime_ns}|{java_options}"
         return cls(directory, java, hashlib.sha256(identity.encode()).hexdigest()[:16])
 
     @property
