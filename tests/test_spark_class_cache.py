@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
 
+import pyspark
 import pytest
 
 from worker import spark_class_cache as cc
@@ -36,6 +38,16 @@ def test_a_jvm_lists_its_classes_until_an_archive_exists_then_starts_from_it(tmp
     assert other.archive != cache.archive, "other JVM options, another archive"
 
 
+def test_another_spark_installation_makes_its_own_archive(tmp_path, monkeypatch):
+    cache = cc.ClassCache.for_jvm(tmp_path, "")
+    assert cache is not None, "the tests need Java"
+    installed = cc.spark_installation()
+    assert installed.endswith(str(Path(pyspark.__file__).resolve().parent))
+    monkeypatch.setattr(cc, "spark_installation", lambda: installed.replace("pyspark", "another/pyspark"))
+    other = cc.ClassCache.for_jvm(tmp_path, "")
+    assert other.archive != cache.archive, "its jars are elsewhere: a JVM would not use this archive"
+
+
 def test_one_process_makes_the_archive_and_a_stale_lock_is_taken_over(tmp_path):
     cache = cc.ClassCache.for_jvm(tmp_path, "")
     cache.java_options()
@@ -47,6 +59,16 @@ def test_one_process_makes_the_archive_and_a_stale_lock_is_taken_over(tmp_path):
     old = time.time() - cc.STALE_LOCK_SECONDS - 1
     os.utime(cache.lock, (old, old))
     assert cache._take_lock() is True
+    assert cache.lock.read_text() == str(os.getpid())
+
+
+def test_the_lock_of_a_process_that_is_gone_is_taken_over_at_once(tmp_path):
+    cache = cc.ClassCache.for_jvm(tmp_path, "")
+    gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout.strip()
+    cache.lock.write_text(gone)
+    assert cache._take_lock() is True, "a node killed while it dumped leaves its lock"
+    cache.lock.write_text(str(os.getppid()))
+    assert cache._take_lock() is False, "a lock whose process runs is held"
 
 
 @pytest.mark.integration
