@@ -1,5 +1,5 @@
-# The two commands of the README: `make demo` and `make test`. Both create .venv and install the
-# pinned dependencies (requirements.lock) on first use.
+# The two commands of the README: `make demo` and `make test`. Both create .venv, install the pinned dependencies
+# (requirements.lock) and make Spark's class-data archive (worker/spark_class_cache.py) on first use.
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
@@ -14,6 +14,8 @@ $(STAMP): requirements.lock pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --disable-pip-version-check -r requirements.lock
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@echo "making the Spark class-data archive of this installation (about a minute, once)"
+	$(PYTHON) -m vbc spark-archive || echo "no class-data archive yet: the nodes' first driver JVM makes it"
 	rm -f $(VENV)/.installed-* && touch $@
 
 # Everything: the layer contract, the generated code check, then every test (real processes included).

@@ -104,3 +104,19 @@ def test_the_archive_is_made_at_the_lowest_priority_in_a_scheduling_group_of_its
     own_group = Path("/proc/self/autogroup").read_text().split()[:1]
     assert autogroup.endswith("nice 19") and autogroup.split()[:1] != own_group
     assert nice.strip() == "19"
+
+
+def test_spark_archive_reports_an_archive_already_made_and_a_disabled_one(tmp_path, monkeypatch, capsys):
+    from vbc import cli
+    from worker.spark_warmup import make_class_archive
+
+    config = SparkConfig(class_cache=str(tmp_path))
+    cache = cc.ClassCache.for_jvm(tmp_path, config.java_options)
+    cache.archive.write_bytes(b"")
+    assert make_class_archive(config) == (cache.archive, f"already made: {cache.archive}")
+    monkeypatch.setenv(cc.ENVIRONMENT_VARIABLE, str(tmp_path))
+    assert cli.main(["spark-archive"]) == 0
+    assert capsys.readouterr().out == f"spark class-data archive already made: {cache.archive}\n"
+    monkeypatch.setenv(cc.ENVIRONMENT_VARIABLE, "off")
+    assert cli.main(["spark-archive"]) == 1
+    assert "the class-data archive is off" in capsys.readouterr().out

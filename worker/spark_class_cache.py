@@ -11,6 +11,8 @@ instead of 4.2-4.6 s. The archive is made in two steps, neither of which slows a
    the list into the archive (30-40 CPU-seconds, ~180 MB), written under a temporary name and renamed when done.
    One process per machine does it (a lock file); a node that stops meanwhile ends it.
 
+`vbc spark-archive` (run by `make`'s install step) does both steps at once, in a JVM of its own.
+
 The archive's name carries the Spark version, the Java executable and the JVM options, so another Spark or Java
 gets its own archive; the JVM checks the archive itself and runs without it (a warning in the node log) if it
 does not match. `VBC_SPARK_CLASS_CACHE` names the directory (default `~/.cache/vbc/spark-classes`), or `off`.

@@ -351,9 +351,14 @@ class NodeSpark:
             log.info("spark session ready (started and warmed up in %.1f s)", self.state.start_seconds)
         self._make_class_archive()
 
+    def make_class_archive(self) -> bool:
+        """Make the class-data archive from this process's driver JVM now, if it listed its classes (see
+        worker.spark_class_cache); whether one was made."""
+        return _JVM.make_class_archive(self._stopping)
+
     def _make_class_archive(self) -> None:
         try:
-            _JVM.make_class_archive(self._stopping)
+            self.make_class_archive()
         except Exception:  # noqa: BLE001 - the next JVMs start without the archive, as this one did
             log.warning("making the spark class-data archive failed", exc_info=True)
 

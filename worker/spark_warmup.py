@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -12,7 +15,8 @@ from coordinator.core.schema import Column, Filter, Table, ViewDef
 from replica.rows import partition_token, storage_spec
 from storage.arrow_layouts import storage_schema
 
-from worker.spark_session import NodeSpark
+from worker.spark_class_cache import ClassCache, cache_directory
+from worker.spark_session import NodeSpark, SparkConfig
 from worker.spark_views import compute_view_rows, staged_frame
 
 log = logging.getLogger(__name__)
@@ -96,3 +100,25 @@ def _log_warm_up(runs: tuple[int, ...], seconds: list[float]) -> None:
     log.info("spark warm-up: %d job(s) of %s rows in %s s; %d planning job(s) of %s rows in %.2f s", len(sized),
              ", ".join(f"{n:,}" for n in runs[:len(sized)]), ", ".join(f"{s:.2f}" for s in sized), len(planning),
              f"{WARMUP_ROWS:,}", sum(planning))
+
+
+def make_class_archive(config: SparkConfig | None = None) -> tuple[Path | None, str]:
+    """Make the class-data archive of driver JVMs started with `config`'s options now, as a node would after its
+    first start: a JVM that lists its classes runs the node's whole warm-up, then the archive is dumped from that
+    list (worker.spark_class_cache). The archive (None if there is none) and what happened, in words."""
+    config = config or SparkConfig()
+    cache = ClassCache.for_jvm(cache_directory(config.class_cache), config.java_options)
+    if cache is None:
+        return None, "no archive: the class-data archive is off, or no java was found"
+    if cache.archive.exists():
+        return cache.archive, f"already made: {cache.archive}"
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="vbc-spark-archive-") as scratch:
+        with NodeSpark(replace(config, data_dir=scratch)) as spark:
+            warm_up(spark)
+            made = spark.make_class_archive()
+    if made:
+        return cache.archive, f"made in {time.monotonic() - started:.0f} s: {cache.archive}"
+    if cache.archive.exists():
+        return cache.archive, f"made meanwhile by another process: {cache.archive}"
+    return None, f"not made (another process is making it, or the dump failed: see the log above): {cache.archive}"
