@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import os
 import random
 import struct
 import threading
@@ -467,3 +468,13 @@ def test_the_warm_up_job_computes_its_views_like_a_batch(node_spark):
     stopping = threading.Event()
     stopping.set()
     assert spark_warmup.warm_up(node_spark, stopping) == []
+
+
+def test_the_driver_jvm_runs_at_a_lower_cpu_priority_than_the_node(spark):
+    from worker import spark_session
+
+    jvm = spark_session._JVM.proc.pid
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    threads = [int(tid) for tid in os.listdir(f"/proc/{jvm}/task")]
+    assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in threads} == {own + spark_session.DRIVER_NICE}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own, "the launching thread's nice value is its own"
