@@ -66,6 +66,9 @@ class StateMachine(Protocol):
 
     def apply(self, command: dict) -> object: ...
 
+    # Optional: `member_id(raft_addr) -> str | None`, the node id of a member that joined after this node started
+    # (its address is in no peer list given at start).
+
 
 class Group0Unavailable(Unavailable):
     """No leader, no quorum, a timeout, or a closed Group0: the command's outcome is unknown (UNAVAILABLE)."""
@@ -393,7 +396,10 @@ class Group0:
     @property
     def leader_id(self) -> str | None:
         leader = self._syncobj._getLeader() if self._syncobj is not None else None
-        return None if leader is None else self._node_ids_by_addr.get(leader.id, leader.id)
+        if leader is None:
+            return None
+        known = self._node_ids_by_addr.get(leader.id)
+        return known or self.read(lambda state: getattr(state, "member_id", lambda _: None)(leader.id)) or leader.id
 
     @property
     def is_leader(self) -> bool:

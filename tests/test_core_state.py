@@ -555,6 +555,12 @@ def test_a_node_cannot_rejoin_with_fewer_shards_than_its_replicas_use():
     assert code == "FAILED_PRECONDITION" and "shard 1" in message
 
 
+def test_a_member_is_named_by_its_raft_address():
+    state = cluster(nodes=1)
+    state.apply(cmd("register_node", node_id="n9", grpc="h:9", raft="h:109", shards=1))
+    assert state.member_id("h:109") == "n9" and state.member_id("h:1") is None
+
+
 def test_nan_view_keys_compare_equal_and_negative_zero_is_stored_as_zero():
     import math
 

@@ -98,6 +98,10 @@ class Group0State:
 
     # ----------------------------------------------------------------- apply
 
+    def member_id(self, raft_addr: str) -> str | None:
+        """The id of the node whose Raft address is `raft_addr`, if it is a node of the cluster."""
+        return next((node.id for node in self.nodes.values() if node.raft == raft_addr), None)
+
     def apply(self, command: Command | dict) -> Outcome:
         """Apply a journal entry or a typed command. Refusals are outcomes; a handler bug raises."""
         cmd_id = cmd_id_of(command)
