@@ -171,12 +171,13 @@ def test_the_warm_up_rows_have_the_storage_layout_of_the_warm_up_table():
     assert all(view.view.base_id == spark_warmup.BASE.id for view in spark_warmup.VIEWS)
 
 
-def test_the_warm_up_ends_after_its_first_job_once_real_batches_run(monkeypatch):
-    """A build started during the warm-up gets the cores: only the first warm-up job (the session's fixed first-job
-    costs, which the batches would pay too) runs once `busy()` is true."""
+def test_the_warm_up_ends_once_real_batches_run(monkeypatch):
+    """A build started before or during the warm-up gets the cores: no warm-up job starts once `busy()` is true."""
     jobs = []
     monkeypatch.setattr(spark_warmup, "run_view_job", lambda spark, rows: jobs.append(rows.num_rows))
-    assert len(spark_warmup.warm_up(None, runs=(3, 30, 300), busy=lambda: True)) == 1 and jobs == [3]
+    assert spark_warmup.warm_up(None, runs=(3, 30, 300), busy=lambda: True) == [] and jobs == []
+    answers = iter([False, True])
+    assert len(spark_warmup.warm_up(None, runs=(3, 30, 300), busy=lambda: next(answers))) == 1 and jobs == [3]
     jobs.clear()
     assert len(spark_warmup.warm_up(None, runs=(3, 30, 300), busy=lambda: False, planning_runs=2)) == 5
     assert jobs == [3, 30, 300, spark_warmup.WARMUP_ROWS, spark_warmup.WARMUP_ROWS]

@@ -206,7 +206,7 @@ def build_views(data_dir: Path, addresses: list[str], kill_leader: bool, timeout
     with Progress(*build_columns(), console=console) as progress:
         bars = {name: progress.add_task(name, total=1.0, tasks="", rows="", eta="") for name in (VIEW, INDEX)}
         while True:
-            views = {v["name"]: v for v in client.status(addresses)["views"]}
+            views = {v["name"]: v for v in client.status(addresses, views_only=True)["views"]}  # no node probes
             update_bars(progress, bars, views)
             states = [views[name]["state"] for name in bars if name in views]
             if len(states) == len(bars) and all(state == "BUILT" for state in states):
@@ -221,7 +221,7 @@ def build_views(data_dir: Path, addresses: list[str], kill_leader: bool, timeout
 
 
 def kill_and_restart_leader(data_dir: Path, addresses: list[str], progress: Progress) -> None:
-    leader = client.status(addresses)["leader"]
+    leader = client.status(addresses, views_only=True)["leader"]
     progress.console.print(Text.assemble(("==> ", "bold magenta"),
                                          (f"kill -9 of the Raft leader {leader} in the middle of the build", "bold")))
     cluster_mod.stop_node(data_dir, leader, kill=True)
