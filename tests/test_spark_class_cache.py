@@ -62,6 +62,17 @@ def test_one_process_makes_the_archive_and_a_stale_lock_is_taken_over(tmp_path):
     assert cache.lock.read_text() == str(os.getpid())
 
 
+def test_the_new_maker_removes_what_a_dead_maker_left(tmp_path):
+    cache = cc.ClassCache.for_jvm(tmp_path, "")
+    other = cc.ClassCache.for_jvm(tmp_path, "-Xss2m")
+    left = [tmp_path / f"spark-{cache.key}.123.snapshot", tmp_path / f"spark-{cache.key}.123.partial"]
+    kept = [tmp_path / f"spark-{other.key}.123.partial", tmp_path / f"spark-{cache.key}.456.classlist"]
+    for path in left + kept:
+        path.write_bytes(b"x")
+    cache._remove_leftovers()
+    assert [p.exists() for p in left + kept] == [False, False, True, True]
+
+
 def test_the_lock_of_a_process_that_is_gone_is_taken_over_at_once(tmp_path):
     cache = cc.ClassCache.for_jvm(tmp_path, "")
     gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout.strip()

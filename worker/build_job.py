@@ -179,16 +179,19 @@ def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...
     (`migrations.paired_positions`; while that view tablet moves, its pending replica too)."""
     if view_rows.num_rows == 0:
         return {}
-    targets = {paired_targets(replicas[t], (moves or {}).get(t), pair, len(replicas[t]) if base_count is None
-                              else base_count) for t in range(len(replicas))}
+
+    def targets_of(tablet: int) -> tuple[Replica, ...]:
+        count = len(replicas[tablet]) if base_count is None else base_count
+        return paired_targets(replicas[tablet], (moves or {}).get(tablet), pair, count)
+
+    targets = {targets_of(tablet) for tablet in range(len(replicas))}
     if len(targets) == 1:  # every view tablet's rows go to the same replicas (RF = nodes, or one node): no split
         return {replica: view_rows for replica in targets.pop()}
     tablets = tablet_indices(view_rows.column("token"), len(replicas))
     groups: dict[Replica, list[pa.Table]] = {}
     for tablet in pc.unique(tablets).to_pylist():
         rows = view_rows.filter(pc.equal(tablets, tablet))
-        count = len(replicas[tablet]) if base_count is None else base_count
-        for destination in paired_targets(replicas[tablet], (moves or {}).get(tablet), pair, count):
+        for destination in targets_of(tablet):
             groups.setdefault(destination, []).append(rows)
     return {replica: pa.concat_tables(parts) for replica, parts in groups.items()}
 

@@ -111,6 +111,7 @@ class ClassCache:
         if self.archive.exists() or not self.class_list.exists() or not self._take_lock():
             self.class_list.unlink(missing_ok=True)
             return False
+        self._remove_leftovers()
         snapshot = self.class_list.with_suffix(".snapshot")
         partial = self.archive.with_suffix(f".{os.getpid()}.partial")
         try:
@@ -126,6 +127,12 @@ class ClassCache:
             return True
         finally:
             for leftover in (snapshot, partial, self.class_list, self.lock):
+                leftover.unlink(missing_ok=True)
+
+    def _remove_leftovers(self) -> None:
+        """(Holding the lock) the snapshots and partial archives of makers that died while dumping (~180 MB each)."""
+        for pattern in (f"spark-{self.key}.*.snapshot", f"spark-{self.key}.*.partial"):
+            for leftover in self.directory.glob(pattern):
                 leftover.unlink(missing_ok=True)
 
     def _take_lock(self) -> bool:
