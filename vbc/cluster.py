@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 
 import grpc
 
+from common.processes import process_exists
 from vbc import client
 from vbcpb import vbc_pb2 as pb
 
@@ -359,13 +360,7 @@ def pid_alive(pid: int | None) -> bool:
     process = _children.get(pid)
     if process is not None:
         return process.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not is_zombie(pid)
+    return process_exists(pid) and not is_zombie(pid)
 
 
 def process_args(pid: int) -> list[str] | None:

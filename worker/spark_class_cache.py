@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.processes import process_exists
+
 log = logging.getLogger(__name__)
 
 ENVIRONMENT_VARIABLE = "VBC_SPARK_CLASS_CACHE"
@@ -158,13 +160,7 @@ def _holder_alive(lock: Path) -> bool:
         pid = int(lock.read_text().strip())
     except (OSError, ValueError):
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_exists(pid)
 
 
 def _mtime(path: Path) -> float:
