@@ -396,10 +396,15 @@ class Group0:
     @property
     def leader_id(self) -> str | None:
         leader = self._syncobj._getLeader() if self._syncobj is not None else None
-        if leader is None:
-            return None
-        known = self._node_ids_by_addr.get(leader.id)
-        return known or self.read(lambda state: getattr(state, "member_id", lambda _: None)(leader.id)) or leader.id
+        return None if leader is None else self._member_name(leader.id)
+
+    def _member_name(self, raft_addr: str) -> str:
+        """The node id of a member: from the peers given at start, else from the replicated state (a member that
+        joined later), else its Raft address."""
+        known = self._node_ids_by_addr.get(raft_addr)
+        if known is None:
+            known = self.read(lambda state: state.member_id(raft_addr) if hasattr(state, "member_id") else None)
+        return known or raft_addr
 
     @property
     def is_leader(self) -> bool:
