@@ -25,8 +25,8 @@ def _passes(term: Filter, value: object) -> bool:
         return value is not None
     if value is None:
         return False
-    if term.op == "IN":
-        return value in term.value
+    if term.op == "IN":  # by equality alone: Python's `in` also matches by identity, so one NaN object found itself
+        return any(value == candidate for candidate in term.value)
     return COMPARISONS[term.op](value, term.value)
 
 
