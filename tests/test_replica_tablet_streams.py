@@ -86,6 +86,21 @@ def test_a_stream_copies_the_source_rows_with_tombstones_and_a_retry_changes_not
     assert _comparable(_stored(cluster, other, request.first_token, request.last_token)) == _comparable(source)
 
 
+def test_windows_start_small_and_double_up_to_the_window_size(cluster, monkeypatch):
+    monkeypatch.setattr(streaming, "FIRST_WINDOW_ROWS", 4)
+    request = _request(cluster)
+    node = cluster.nodes[request.source_node]
+    spec = storage_spec(cluster.schema.table)
+    windows = list(streaming.tablet_windows(node.store, spec, request.first_token, request.last_token, None, 32))
+    sizes = [window.num_rows for window in windows]
+    # a window ends at a token boundary: at most one partition (3 rows here) short of its size
+    for size, rows in zip([4, 8, 16, 32, 32], sizes):
+        assert size - 3 <= rows <= size
+    assert all(rows <= 32 for rows in sizes)
+    whole = _stored(cluster, request.source_node, request.first_token, request.last_token)
+    assert sum(sizes) == whole.num_rows
+
+
 def test_a_failed_stream_resumes_after_the_last_token_it_merged(cluster, monkeypatch):
     monkeypatch.setattr(streaming, "WINDOW_ROWS", 20)
     request = _request(cluster)

@@ -1,14 +1,16 @@
 """The child processes of storage.adbc_pool running storage.bulk's ADBC SQLite work: reuse, replacement, errors."""
 from __future__ import annotations
 
+import fcntl
 import uuid
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from storage import bulk
-from storage.adbc_pool import ChildPool
+from storage.adbc_pool import PIPE_BYTES, ChildPool
 from storage.cells import ColumnSpec, Row, TableSpec
 from storage.store import NodeStore
 
@@ -90,5 +92,22 @@ def test_a_pool_answers_only_the_calls_its_served_module_names():
         with pytest.raises(KeyError, match="no_such_call"):
             pool.run("no_such_call")
         assert sorted(bulk.CHILD_FUNCTIONS) == ["merge", "merge_window", "read", "stage"]
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.skipif(int(Path("/proc/sys/fs/pipe-max-size").read_text()) < PIPE_BYTES,
+                    reason="this system caps pipes below PIPE_BYTES")
+def test_a_child_pipes_hold_a_window_of_rows_in_few_hand_overs():
+    pool = ChildPool(1, "storage.bulk")
+    pool.prestart(1)
+    try:
+        [child] = pool._idle
+        for pipe in (child._process.stdin, child._process.stdout):
+            assert fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ) == PIPE_BYTES
+        payload = bytes(3 * PIPE_BYTES)  # more than a pipe holds: sent and answered in pieces
+        with pytest.raises(KeyError):
+            pool.run("no such function", payload)
+        assert pool._idle and pool._idle[0].alive()
     finally:
         pool.shutdown()
