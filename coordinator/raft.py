@@ -438,17 +438,23 @@ class Group0:
             "leader_commit_index": raw["leader_commit_idx"],
             "log_len": raw["log_len"],
             "uptime_s": raw["uptime"],
-            "peers": {peer_id: _peer_status(raw, addr) for peer_id, addr in self._peers.items()},
+            "peers": {peer_id: _peer_status(raw, addr) for peer_id, addr in self._current_peers().items()},
         })
         return status
 
     # ----------------------------------------------------------------- errors
 
-    def _unreachable_peers(self) -> list[str]:
+    def _current_peers(self) -> dict[str, str]:
+        """The other members as they are now (joined ones in, removed ones out), by node id: their Raft addresses."""
         if self._syncobj is None:
-            return sorted(self._peers)
+            return dict(self._peers)
+        return {self._member_name(node.id): node.id for node in self._syncobj.otherNodes}
+
+    def _unreachable_peers(self, peers: Mapping[str, str]) -> list[str]:
+        if self._syncobj is None:
+            return sorted(peers)
         connected = {node.id for node in self._syncobj.otherNodes if self._syncobj.isNodeConnected(node)}
-        return sorted(peer_id for peer_id, addr in self._peers.items() if addr not in connected)
+        return sorted(peer_id for peer_id, addr in peers.items() if addr not in connected)
 
     def _unavailable(self, what: str, timeout: float, last_failure: object) -> Group0Unavailable:
         if self._closed.is_set() or last_failure == _CLOSED:
@@ -466,11 +472,12 @@ class Group0:
         return Group0Unavailable("; ".join(details))
 
     def _connectivity_summary(self) -> str:
-        members = len(self._peers) + 1
-        unreachable = self._unreachable_peers()
+        peers = self._current_peers()
+        members = len(peers) + 1
+        unreachable = self._unreachable_peers(peers)
         if not unreachable:
             return f"all {members} members connected (election in progress or cluster overloaded?)"
-        names = ", ".join(f"{peer_id} at {self._peers[peer_id]}" for peer_id in unreachable)
+        names = ", ".join(f"{peer_id} at {peers[peer_id]}" for peer_id in unreachable)
         return (f"{len(unreachable)} of {members} members unreachable from {self._node_id} ({names}); "
                 f"a majority of {members // 2 + 1} must run and reach each other: "
                 f"start them, or check their raft address, port and password")

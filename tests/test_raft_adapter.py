@@ -152,6 +152,15 @@ def test_one_leader_is_elected_and_known_by_node_id(cluster):
     assert cluster.follower().leadership() == (False, status["term"])
 
 
+def test_status_and_errors_name_the_members_as_they_are_after_a_removal(cluster):
+    leader = cluster.wait_for_leader()
+    removed = next(node_id for node_id in cluster.ids if node_id != leader.node_id)
+    leader.remove_member(cluster.addrs[removed])
+    cluster.close_member(removed)
+    assert set(leader.status()["peers"]) == set(cluster.ids) - {leader.node_id, removed}
+    assert leader._connectivity_summary().startswith("all 2 members connected")
+
+
 class SteppingDown:
     """pysyncobj's fields as a leader of `term` sees them while it steps down: the newer term is set first, the
     state (and its callback) follows."""
