@@ -18,6 +18,11 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),  # the node's server accepts a ping every 5 s (node.wiring.SERVER_OPTIONS)
     ("grpc.http2.max_pings_without_data", 0),  # keep pinging over a standing call that has nothing to send
     ("grpc.enable_retries", 0),
+    # A call to a peer that is down fails at once while its channel waits to reconnect; gRPC's default wait grows
+    # to 120 s, so a restarted peer stayed unreachable for seconds after it was back (a migration's stream from it
+    # failed and rolled back). Not "grpc.min_reconnect_backoff_ms": gRPC also takes it as one attempt's deadline.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 

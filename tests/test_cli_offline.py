@@ -561,8 +561,8 @@ def test_status_json_and_readable(capsys, fake_nodes):
 
 def test_tablets_json_one_object_per_line(capsys, fake_nodes):
     _, (addr, _) = fake_nodes
-    code, out, _ = run_cli(capsys, "tablets", "--addr", addr, "--json", "ks.t")
-    assert code == 0
+    code, out, err = run_cli(capsys, "tablets", "--addr", addr, "--json", "ks.t")
+    assert code == 0, err
     assert [json.loads(line) for line in out.splitlines()] == [
         {"tablet": 0, "first_token": -10, "last_token": -1, "replicas": ["n1:0", "n2:1"]},
         {"tablet": 1, "first_token": 0, "last_token": 10, "replicas": ["n2:0", "n1:1"]}]

@@ -15,6 +15,7 @@ from coordinator.core.errors import Unavailable
 from node.wiring import SERVER_OPTIONS
 
 QUIET_SECONDS = 2.5  # the old health watch re-dialled a peer that was down every second
+DOWN_SECONDS = 6.0  # long enough for gRPC's default reconnect wait to pass 4 s
 
 
 class CountingHealth(health.HealthServicer):
@@ -112,6 +113,33 @@ def test_a_peer_that_went_down_is_not_dialled_until_a_call_needs_it():
         server, servicer, _ = start_peer(port)
         check(peers, "n2")
         servicer.wait_for_watches(1)
+    finally:
+        peers.close()
+        server.stop(0)
+
+
+def test_a_peer_back_after_failed_calls_is_reached_within_a_second_or_so():
+    """Calls that failed while a peer was down made its channel wait before reconnecting: never long enough to keep
+    a restarted peer out of reach (gRPC's own wait grows to 120 s)."""
+    server, _, port = start_peer()
+    peers = Peers(lambda node: f"127.0.0.1:{port}")
+    try:
+        check(peers, "n2")
+        server.stop(0).wait()
+        failing_until = time.monotonic() + DOWN_SECONDS
+        while time.monotonic() < failing_until:
+            with pytest.raises(grpc.RpcError):
+                check(peers, "n2")
+            time.sleep(0.1)  # a client that keeps calling, as replica writes do
+        server, _, _ = start_peer(port)
+        back = time.monotonic()
+        while True:
+            try:
+                check(peers, "n2")
+                break
+            except grpc.RpcError:
+                assert time.monotonic() - back < 2.0, "the restarted peer stayed out of reach"
+                time.sleep(0.05)
     finally:
         peers.close()
         server.stop(0)
