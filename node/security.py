@@ -172,8 +172,18 @@ class Authenticator:
             self._refused(user, "wrong password", context)
         else:
             return Principal(user)
-        self._throttle.failed(peer_host(context.peer()), self._clock())
+        self._count_failure(peer_host(context.peer()))
         raise Unauthenticated(f"login of {user!r} failed: wrong name or password, or the role may not log in")
+
+    def _count_failure(self, host: str) -> None:
+        """Count a failed login of `host`; the failure that uses up its allowance is logged, the refusals that
+        follow (RESOURCE_EXHAUSTED, counted as "throttled") are not, so a guessing host cannot flood the log."""
+        now = self._clock()
+        self._throttle.failed(host, now)
+        wait_s = self._throttle.wait_s(host, now)
+        if wait_s > 0:
+            log.warning("too many failed logins from %s: its password logins are refused for %d s (and again after "
+                        "each further failure)", host, math.ceil(wait_s))
 
     def _matches(self, user: str, password: str, stored: str, context) -> bool:
         digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()

@@ -1,16 +1,14 @@
 """A build_range batch end to end on real stores and a real Spark session: every view row lands at its paired replica."""
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
 
 from common.injection import Injections
-from coordinator.core.schema import Replica
 from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN
 from replica.rows import storage_spec, upsert_row
 from storage import bulk
 from storage.store import NodeStore
-from worker.build_job import BuildJob, by_destination
+from worker.build_job import BuildJob
 from worker.executor import BatchControl
 from worker.spark_session import NodeSpark, SparkConfig
 from worker.tasks import StartBatch
@@ -97,7 +95,6 @@ def test_a_tablet_without_rows_finishes_without_a_spark_job(tmp_path):
         assert job.stats.spark_jobs == 0 and job.stats.tablet_scans == 1
 
 
-
 def test_a_batch_whose_rows_have_no_view_row_finishes_with_nothing_to_merge(tmp_path, spark):
     """Live base rows without the view's key column (v is NULL) give no view row, so no destination at all."""
     schema = cluster_state(nodes=("n1",), rf=1, tablets=1, with_view=True)
@@ -111,22 +108,3 @@ def test_a_batch_whose_rows_have_no_view_row_finishes_with_nothing_to_merge(tmp_
         assert job(StartBatch(1, 0, 1, (task,)), BatchControl({task.id: task})) == 20
         assert job.stats.spark_jobs == 1
 
-
-def _view_rows(tokens: list[int]):
-    return pa.table({"token": pa.array(tokens, pa.int64()), "c_k": pa.array(range(len(tokens)), pa.int32())})
-
-
-def test_view_rows_whose_tablets_share_their_replicas_go_whole_to_them():
-    rows = _view_rows([MIN_TOKEN, -1, 0, MAX_TOKEN])
-    same = (Replica("n1", 0), Replica("n2", 1))
-    parts = by_destination(rows, (same, same, same, same), pair=1)
-    assert parts == {Replica("n2", 1): rows}
-    assert by_destination(rows.slice(0, 0), (same,) * 4, pair=1) == {}
-
-
-def test_view_rows_go_to_the_paired_replica_of_the_view_tablet_owning_each_row():
-    rows = _view_rows([MIN_TOKEN, -1, 0, MAX_TOKEN])
-    replicas = ((Replica("n1", 0),), (Replica("n2", 0),), (Replica("n1", 0),), (Replica("n3", 1),))
-    parts = by_destination(rows, replicas, pair=0)
-    assert {replica: part.column("c_k").to_pylist() for replica, part in parts.items()} == {
-        Replica("n1", 0): [0, 2], Replica("n2", 0): [1], Replica("n3", 1): [3]}

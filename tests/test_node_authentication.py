@@ -184,6 +184,22 @@ def test_a_host_guessing_passwords_is_refused_before_scrypt_then_let_in_again(st
     assert len(checks) == 7
 
 
+def test_the_failure_that_throttles_a_host_is_logged_once_and_its_refused_logins_are_not(state, metrics, caplog):
+    clock = Clock()
+    authenticator = security.Authenticator(lambda fn: fn(state), metrics.failed_logins, clock=clock)
+    with caplog.at_level(logging.WARNING, logger=security.__name__):
+        for guess in range(5):
+            with pytest.raises(Unauthenticated):
+                authenticator.principal(login("alice", f"guess-{guess}"))
+        for guess in range(3):
+            with pytest.raises(ResourceExhausted):
+                authenticator.principal(login("alice", f"again-{guess}"))
+    throttled = [r.getMessage() for r in caplog.records if "too many failed logins" in r.getMessage()]
+    assert throttled == ["too many failed logins from 127.0.0.1: its password logins are refused for 2 s (and again "
+                         "after each further failure)"]
+    assert failed(metrics, "throttled") == 3.0
+
+
 def test_the_login_throttle_refills_one_failure_per_interval_up_to_its_burst():
     throttle = security.LoginThrottle(burst=2, refill_s=3.0)
     assert throttle.wait_s("h", 0.0) == 0.0

@@ -15,6 +15,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from common.processes import end_with_parent
 from vbc import client
 from vbc import cluster as cluster_mod
 from vbc.cluster import stop_on_signals
@@ -515,15 +516,8 @@ def json_line(document: object) -> str:
 def die_with_parent() -> None:
     """When started by a test harness ($VBC_PARENT_PID), get SIGKILLed if that process dies (Linux)."""
     parent = os.environ.get(cluster_mod.PARENT_PID_ENV)
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if str(os.getppid()) != parent:
-        os._exit(1)
+    if parent:
+        end_with_parent(int(parent))
 
 
 def node_limits(args: argparse.Namespace):

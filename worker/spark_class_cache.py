@@ -28,10 +28,11 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.processes import process_exists
+from common.processes import killed_with_parent, process_exists
 
 log = logging.getLogger(__name__)
 
@@ -183,12 +184,21 @@ def _lowest_priority() -> None:
     os.nice(19)
 
 
+def _child_setup(end_with_parent: Callable[[], None]) -> Callable[[], None]:
+    """The dump's `preexec_fn`: the lowest priority, and an end with the node (a node killed with `kill -9` left its
+    dump running to its end, for an archive the node's next start makes anyway)."""
+    def setup() -> None:
+        end_with_parent()
+        _lowest_priority()
+    return setup
+
+
 def _run_at_lowest_priority(command: list[str], stopping: threading.Event) -> bool:
     """Run `command` at the lowest priority (`_lowest_priority`) until it ends (True if it succeeded), `stopping` is
     set or DUMP_TIMEOUT passes."""
     with tempfile.TemporaryFile() as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
-                                   preexec_fn=_lowest_priority)
+                                   preexec_fn=_child_setup(killed_with_parent()))
         deadline = time.monotonic() + DUMP_TIMEOUT
         while process.poll() is None:
             if stopping.wait(0.5) or time.monotonic() > deadline:
