@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from common.processes import process_exists
+from vbc.cluster import pid_alive
 
 from .cluster_harness import wait_until
 
@@ -33,19 +34,11 @@ def test_a_child_started_with_killed_with_parent_ends_when_its_parent_is_killed(
         assert process_exists(child)
         parent.kill()
         parent.wait(10)
-        wait_until(lambda: not _running(child), timeout=10.0, message="the child to end with its parent")
+        wait_until(lambda: not pid_alive(child), timeout=10.0, message="the child to end with its parent")
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
-        if child is not None and _running(child):
+        if child is not None and pid_alive(child):
             os.kill(child, signal.SIGKILL)
 
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan is reaped by init, or by this machine's subreaper, a little later)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

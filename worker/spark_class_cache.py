@@ -184,11 +184,11 @@ def _lowest_priority() -> None:
     os.nice(19)
 
 
-def _child_setup(end_with_parent: Callable[[], None]) -> Callable[[], None]:
+def _child_setup(request_death_signal: Callable[[], None]) -> Callable[[], None]:
     """The dump's `preexec_fn`: the lowest priority, and an end with the node (a node killed with `kill -9` left its
     dump running to its end, for an archive the node's next start makes anyway)."""
     def setup() -> None:
-        end_with_parent()
+        request_death_signal()
         _lowest_priority()
     return setup
 
