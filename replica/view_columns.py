@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from common.arrow_tokens import tablets_of, tokens_of
 from common.replica_messages import RowBatch
-from coordinator.core.migrations import is_filling, paired_targets
+from coordinator.core.migrations import feeding_count, is_filling, paired_targets
 from coordinator.core.schema import Filter, Replica, Table
 from coordinator.core.tokens import tablet_range
 from storage.arrow_layouts import arrow_type, mutation_schema, ts_column_name, value_column_name
@@ -180,8 +180,9 @@ def _pairs(context: WriteContext, node_id: str, tokens: np.ndarray) -> np.ndarra
 
 
 def _base_counts(context: WriteContext, tokens: np.ndarray) -> np.ndarray:
-    """The replica count of each row's base tablet."""
-    counts = np.array([len(replicas) for replicas in context.base_replicas], dtype=np.int64)
+    """The feeding replica count of each row's base tablet (`migrations.feeding_count`)."""
+    counts = np.array([feeding_count(replicas, context.base_moves.get(tablet))
+                       for tablet, replicas in enumerate(context.base_replicas)], dtype=np.int64)
     return counts[tablets_of(tokens, len(context.base_replicas))]
 
 

@@ -14,6 +14,7 @@ from common.replica_messages import RowBatch
 from coordinator.core.errors import Unavailable
 from coordinator.core.migrations import (
     TabletTransition,
+    feeding_count,
     is_filling,
     paired_targets,
     position_in,
@@ -72,7 +73,7 @@ def view_updates(context: WriteContext, node_id: str, old: Row | None, new: Row)
     tablet = tablet_of(new.token, len(context.base_replicas))
     if is_filling(context.base_moves.get(tablet), node_id):
         return []  # the leaving replica, whose rows are complete, makes them
-    base_count = len(context.base_replicas[tablet])
+    base_count = feeding_count(context.base_replicas[tablet], context.base_moves.get(tablet))
     old_values, new_values = visible_row(context.table, old), visible_row(context.table, new)
     return [update
             for view in context.views

@@ -1,4 +1,5 @@
-"""Fixtures shared by the storage tests: a throwaway PostgreSQL server and a store URL for each engine.
+"""Fixtures shared by the tests: a throwaway PostgreSQL server and a store URL for each engine, and group0's
+invariants checked after every command a test applies in its own process (`Group0State.validate`).
 
 The Spark class-data archive is off for every test (and the node processes they start) unless a test names a
 directory of its own: making one costs 30-40 CPU-seconds, which would land in the middle of unrelated tests.
@@ -10,11 +11,28 @@ import os
 import pytest
 import sqlalchemy as sa
 
+from coordinator.core.state import Group0State
 from storage.store import NodeStore
 
 from .postgres import create_database, drop_database, throwaway_postgres
 
 os.environ.setdefault("VBC_SPARK_CLASS_CACHE", "off")
+
+
+@pytest.fixture(autouse=True)
+def group0_invariants(request, monkeypatch):
+    """Every `Group0State.apply` in the test's process is followed by `validate()`, except in tests marked
+    `handmade_group0` (they edit the state's fields by hand into a shape no command makes)."""
+    if request.node.get_closest_marker("handmade_group0"):
+        return
+    apply = Group0State.apply
+
+    def apply_and_validate(self, command):
+        outcome = apply(self, command)
+        self.validate()
+        return outcome
+
+    monkeypatch.setattr(Group0State, "apply", apply_and_validate)
 
 
 @pytest.fixture(scope="module")

@@ -314,6 +314,7 @@ def test_a_node_without_tasks_of_a_view_is_success_and_the_view_is_built_when_al
     assert state.view_is_built(view_id) and set(state.build_status.values()) == {BUILD_SUCCESS}
 
 
+@pytest.mark.handmade_group0
 def test_an_aborted_task_is_not_removed_by_a_finish():
     state, _, view_id = building_state()
     task = next(state.tasks_of_view(view_id))

@@ -23,8 +23,8 @@ schedule must build every view. Checked at every step:
 - tablets move meanwhile (`coordinator.core.migrations`): migrations start, the leader's driver (the real `next_step`
   and `AdvanceTabletMigration`) advances them, streams fail and roll back, stale drivers' commands are refused;
   tables split, and merge after the driver's co-locating moves (`coordinator.core.resize`);
-  when a view is BUILT, every replica of every tablet of its base had a finished task of the view, or was streamed
-  from a replica that had one before its migration started.
+  when a view is BUILT, every pairing position of every tablet of its base had a finished task of the view (view
+  replicas are fed by position, and a base replica streamed to a new node keeps its position).
 """
 from __future__ import annotations
 
@@ -156,7 +156,8 @@ class Simulation:
         self.views_made = 0
         self.cmd_ids = 0
         self.cmd_ids_applied: set[str | None] = set()
-        self.covered: set[tuple[str, str, int, object]] = set()  # (view, base, tablet, replica) holding its rows
+        # (view, base, tablet, position): the view replicas that base position of the tablet feeds hold its rows
+        self.covered: set[tuple[str, str, int, int]] = set()
         for node in self.nodes.values():
             self.append(RegisterNode(node_id=node.id, grpc="g", raft="r", shards=shards, cmd_id=None))
         self.append(CreateKeyspace(name="ks", rf=rng.randint(1, count), initial_tablets=rng.choice((1, 2, 4)),
@@ -178,7 +179,6 @@ class Simulation:
     def append(self, command: Command, proposer_term: int | None = None) -> CoreError | None:
         """Commit `command` to the log; check what applying it did. The refusal, if any."""
         before_tasks = dict(self.truth.tasks)
-        before_moves = dict(self.truth.transitions)
         before_term = self.truth.view_building_term
         outcome = self.truth.apply(command)
         self.log.append(command)
@@ -193,7 +193,7 @@ class Simulation:
             assert removed <= set(self.recorded), f"removed tasks nobody recorded: {removed - set(self.recorded)}"
             rows = dict(zip(command.task_ids, command.rows_scanned or (0,) * len(command.task_ids)))
             assert all(rows[i] == self.recorded[i] for i in removed), "a task removed with another batch's rows"
-            self.covered |= {(t.view_id, t.base_id, t.tablet_id, t.replica) for t in map(before_tasks.get, removed)}
+            self.covered |= {(t.view_id, t.base_id, t.tablet_id, self.position(t)) for t in map(before_tasks.get, removed)}
         if isinstance(command, SplitTablets) and outcome.ok:
             self.covered = {(v, b, t * 2 + half if b == command.table_id else t, r)
                             for v, b, t, r in self.covered for half in (0, 1)}
@@ -201,12 +201,9 @@ class Simulation:
             halves = {(v, b, t, r) for v, b, t, r in self.covered if b == command.table_id}
             self.covered = {c for c in self.covered if c[1] != command.table_id} | {
                 (v, b, t // 2, r) for v, b, t, r in halves if (v, b, t ^ 1, r) in halves}
-        if isinstance(command, AdvanceTabletMigration) and outcome.ok and command.to_stage == migrations.END_MIGRATION:
-            moved = before_moves[(command.table_id, command.tablet_id)]
-            self.covered |= {(view, base, tablet, moved.pending) for view, base, tablet, replica in self.covered
-                             if (base, tablet, replica) == (moved.table_id, moved.tablet_id, moved.leaving)}
         if isinstance(command, CreateView) and outcome.ok:
             self.created[command.id] = set(self.truth.tasks) - set(before_tasks)
+        self.truth.validate()
         self.check_state()
         return outcome.error
 
@@ -227,12 +224,18 @@ class Simulation:
             assert now[0] >= before[0] and now[1] >= before[1], f"progress of {view_id} went back: {before} -> {now}"
             self.progress[view_id] = now
 
+    def position(self, task) -> int:
+        """The pairing position of a task's replica (a migration's pending replica takes the leaving one's)."""
+        position = migrations.position_of(self.truth, task.base_id, task.tablet_id, task.replica.node)
+        assert position is not None, f"a finished task on {task.replica}, which holds no replica of its tablet"
+        return position
+
     def check_covered(self, view_id: str) -> None:
         base = self.truth.tables[view_id].view.base_id
         for tablet, replicas in enumerate(self.truth.tablets[base].replicas):
-            for replica in replicas:
-                assert (view_id, base, tablet, replica) in self.covered, \
-                    f"BUILT, but replica {replica} of tablet {tablet} never built nor streamed from a built one"
+            for position in range(len(replicas)):
+                assert (view_id, base, tablet, position) in self.covered, \
+                    f"BUILT, but the view replicas position {position} of base tablet {tablet} feeds never got its rows"
 
     # ------------------------------------------------------------- tablet migrations
 

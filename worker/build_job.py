@@ -16,12 +16,15 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from common.injection import Injections
-from coordinator.core.errors import NotFound
+from coordinator.core.errors import NotFound, Unavailable
 from coordinator.core.migrations import (
     TabletTransition,
+    feeding_count,
     paired_targets,
     position_of,
+    transition_of,
     transitions_of_table,
+    view_replica_missing,
 )
 from coordinator.core.schema import Replica, Table, Task
 from coordinator.core.tokens import tablet_range
@@ -50,7 +53,8 @@ class BuildPlan:
     view_replicas: dict[str, tuple[tuple[Replica, ...], ...]]
     schema_version: int
     view_moves: dict[str, dict[int, TabletTransition]] = field(default_factory=dict)  # view id -> tablet -> move
-    base_count: int = 1  # the replicas of the base tablet (paired positions: `migrations.paired_positions`)
+    base_count: int = 1  # the base tablet's replicas that feed views (`migrations.feeding_count`, `paired_positions`)
+    tablet_id: int = 0
 
 
 def build_plan(state, tasks: list[Task], node_id: str) -> BuildPlan:
@@ -67,19 +71,33 @@ def build_plan(state, tasks: list[Task], node_id: str) -> BuildPlan:
     pair = position_of(state, base.id, tablet, node_id)
     if pair is None:
         raise NotFound(f"node {node_id} no longer holds tablet {tablet} of {base.qualified_name}")
+    for task in tasks:
+        waiting = view_replica_missing(state, task)
+        if waiting is not None:
+            raise Unavailable(f"task {task.id} cannot be finished yet: {waiting}")
     view_replicas = {v.id: state.tablets[v.id].replicas for v in views}
     view_moves = {v.id: transitions_of_table(state, v.id) for v in views}
     return BuildPlan(base, views, first, last, pair, view_replicas, state.schema_version, view_moves,
-                     len(base_map.replicas[tablet]))
+                     _feeding_count(state, base.id, tablet), tablet)
 
 
-def routed_now(state, plan: BuildPlan) -> BuildPlan:
-    """The plan with the views' destinations as group0 has them now (a view tablet may have started to move, or
-    split, since the batch began); views dropped meanwhile are left out."""
+def _feeding_count(state, base_id: str, tablet: int) -> int:
+    return feeding_count(state.tablets[base_id].replicas[tablet], transition_of(state, base_id, tablet))
+
+
+def routed_now(state, plan: BuildPlan, node_id: str) -> BuildPlan:
+    """The plan with the destinations as group0 has them now (a view tablet may have started to move, or split, an
+    RF change may have changed the pairing since the batch began); views dropped meanwhile are left out. NotFound
+    once this node no longer holds the base tablet (its task was aborted or handed over)."""
     views = tuple(v for v in plan.views if v.id in state.tablets)
+    tablet = plan.tablet_id
+    pair = position_of(state, plan.base.id, tablet, node_id) if plan.base.id in state.tablets else None
+    if pair is None:
+        raise NotFound(f"node {node_id} no longer holds tablet {tablet} of {plan.base.qualified_name}")
     return replace(plan, views=views, view_replicas={v.id: state.tablets[v.id].replicas for v in views},
                    view_moves={v.id: transitions_of_table(state, v.id) for v in views},
-                   schema_version=state.schema_version)
+                   schema_version=state.schema_version, pair=pair,
+                   base_count=_feeding_count(state, plan.base.id, tablet))
 
 
 @dataclass
@@ -146,7 +164,7 @@ class BuildJob:
         self.stats.add(spark_jobs=1)
         computed = time.perf_counter()
         with self._track_write():
-            plan = self._read_state(lambda s: routed_now(s, plan))
+            plan = self._read_state(lambda s: routed_now(s, plan, self._node_id))
             for view in plan.views:
                 if control.cancelled.is_set():
                     raise BatchCancelled()

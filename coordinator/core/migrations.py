@@ -21,6 +21,7 @@ is never undone); at `end_migration` each gets a new task (new id) on the pendin
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ from .commands import AdvanceTabletMigration, StartTabletMigration
 from .errors import FailedPrecondition, InvalidArgument, NotFound, StaleTerm
 from .ids import check_id, derived_id
 from .placement import choose_replicas, replica_loads
-from .schema import NODE_NORMAL, NODE_REMOVING, Replica, TabletMap
+from .schema import NODE_NORMAL, NODE_REMOVING, Replica, TabletMap, Task
 
 if TYPE_CHECKING:
     from .state import Group0State
@@ -154,6 +155,18 @@ def position_in(replicas: tuple[Replica, ...], transition: TabletTransition | No
     return len(replicas) if transition.kind == ADD else replicas.index(transition.leaving)
 
 
+def feeding_count(replicas: tuple[Replica, ...], transition: TabletTransition | None) -> int:
+    """How many of a base tablet's replicas feed view replicas: all but one being removed, which gets no writes
+    from its first stage (so base position 0 takes over the view position it fed)."""
+    removing = transition is not None and transition.kind == REMOVE and transition.leaving in replicas
+    return len(replicas) - 1 if removing else len(replicas)
+
+
+def feeder_position(view_position: int, base_count: int) -> int:
+    """The base position that feeds `view_position` (see `paired_positions`)."""
+    return view_position if view_position < base_count else 0
+
+
 def paired_positions(pair: int, base_count: int, view_count: int) -> tuple[int, ...]:
     """The view replica positions the base replica at position `pair` feeds, for a base tablet of `base_count`
     replicas and a view tablet of `view_count`: its own position, and base position 0 also every view position
@@ -168,6 +181,29 @@ def paired_targets(view_replicas: tuple[Replica, ...], transition: TabletTransit
     paired positions (`paired_positions`), a moving replica's pending one included (`position_targets`)."""
     return tuple(target for position in paired_positions(pair, base_count, len(view_replicas))
                  for target in position_targets(view_replicas[position], transition))
+
+
+def view_replica_missing(state: Group0State, task: Task, fewest: Mapping[str, int] | None = None) -> str | None:
+    """Why `task` cannot be finished yet, or None: the view position its base replica feeds is missing from a view
+    tablet that an RF increase has not grown yet. Its rows would reach no replica there, and the replica added
+    later is a copy of position 0, which may not be built; so the task waits for it. `fewest` maps view ids to
+    the fewest replicas of any of their tablets (`fewest_view_replicas`), when the caller has it."""
+    if task.view_id is None or task.view_id not in state.tablets or task.base_id not in state.tablets:
+        return None
+    replicas = state.tablets[task.base_id].replicas[task.tablet_id]
+    position = position_in(replicas, transition_of(state, task.base_id, task.tablet_id), task.replica.node)
+    if not position:
+        return None
+    view = state.tables[task.view_id]
+    count = fewest[task.view_id] if fewest is not None else fewest_view_replicas(state, task.view_id)
+    if count > position or position >= state.keyspaces[view.keyspace].rf:
+        return None
+    return (f"view {view.qualified_name} has a tablet with {count} replicas: the view replica that base replica "
+            f"{task.replica} (position {position}) feeds is still being added")
+
+
+def fewest_view_replicas(state: Group0State, view_id: str) -> int:
+    return min(len(replicas) for replicas in state.tablets[view_id].replicas)
 
 
 def makes_view_updates(state: Group0State, table_id: str, tablet_id: int, node_id: str) -> bool:
@@ -201,8 +237,11 @@ def start_migration(state: Group0State, cmd: StartTabletMigration) -> str:
     state.transitions[(cmd.table_id, cmd.tablet_id)] = TabletTransition(
         cmd.migration_id, cmd.table_id, cmd.tablet_id, leaving, leaving if cmd.kind == REMOVE else pending,
         first_stage, kind=cmd.kind, source=source)
-    if cmd.kind != ADD:
+    if cmd.kind == MOVE:
         view_building.abort_replica_tasks(state, cmd.table_id, cmd.tablet_id, leaving)
+    elif cmd.kind == REMOVE:
+        view_building.hand_over_tasks(state, cmd.table_id, cmd.tablet_id, leaving,
+                                      state.tablets[cmd.table_id].replicas[cmd.tablet_id][0], seed=cmd.migration_id)
     state.schema_version += 1
     return cmd.migration_id
 
@@ -324,7 +363,7 @@ def _replicas_after(replicas: tuple[Replica, ...], transition: TabletTransition)
 
 def _revert(state: Group0State, transition: TabletTransition) -> None:
     """The map stays; the aborted tasks get copies on the leaving replica."""
-    if transition.kind != ADD:
+    if transition.kind == MOVE:
         view_building.recreate_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving,
                                              transition.leaving, seed=derived_id(transition.migration_id, "revert"))
     _finish(state, transition, MigrationResult(REVERTED, transition.reason))

@@ -22,6 +22,9 @@ live task left (live: a non-aborted `build_range` task), the next one is the bas
 while it has live tasks, even if they all wait for dead nodes. The first command of a loop in a new term is
 `SetProcessingBase` (with the base it would choose anyway): it records the term, fencing older loops.
 
+A live task whose base replica feeds a view position that an RF increase has not added to the view yet waits
+(`migrations.view_replica_missing`): it is not sent until the view tablets have that replica.
+
 Batch of a replica: the live tasks of the processing base on that (node, shard), of its lowest tablet id,
 one per view (the smallest task id of each view), ids sorted; tasks the loop holds as finished are never
 sent again. Every alive replica that is not busy and has such tasks gets one batch, so every shard of every
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from .commands import Command, FinishViewBuildingTasks, SetProcessingBase
+from .migrations import fewest_view_replicas, view_replica_missing
 from .schema import TASK_BUILD_RANGE, Replica, Task
 from .view_building import unsettled_statuses
 
@@ -139,8 +143,10 @@ def replica_queues(state: Group0State, base_id: str | None) -> dict[Replica, tup
     """Every replica's live tasks of `base_id` in dispatch order: by tablet id, then task id."""
     by_replica: dict[Replica, list[Task]] = {}
     if base_id is not None:
+        fewest = {view.id: fewest_view_replicas(state, view.id) for view in state.views_of(base_id)
+                  if view.id in state.tablets}
         for task in state.tasks.values():
-            if task.base_id == base_id and is_live(task):
+            if task.base_id == base_id and is_live(task) and view_replica_missing(state, task, fewest) is None:
                 by_replica.setdefault(task.replica, []).append(task)
     return {replica: tuple(sorted(tasks, key=lambda t: (t.tablet_id, t.id))) for replica, tasks in by_replica.items()}
 

@@ -63,7 +63,7 @@ def merge_tablets(state: Group0State, cmd: MergeTablets) -> int:
     migrations.record_term(state, cmd.term)
     state.merge_requests.discard(table.id)
     state.tablets[table.id] = TabletMap(table.id, tablet_map.replicas[::2])
-    view_building.merge_tasks(state, table.id, cmd.id_seed)
+    view_building.merge_tasks(state, table.id, cmd.id_seed, tablet_map.replicas)
     state.schema_version += 1
     return tablet_map.tablet_count // 2
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from . import auth, balancer, ddl, migrations, resize, tablets, view_building
+from . import auth, balancer, ddl, invariants, migrations, resize, tablets, view_building
 from .commands import (
     AlterKeyspace,
     AlterRole,
@@ -156,6 +156,11 @@ class Group0State:
 
     def view_progress(self, view_id: str) -> dict:
         return view_building.progress(self, view_id)
+
+    def validate(self) -> None:
+        """Raise AssertionError when the state contradicts an invariant (`invariants.py`); tests call it after every
+        command."""
+        invariants.validate(self)
 
     @property
     def view_building_term(self) -> int:

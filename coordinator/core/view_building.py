@@ -16,6 +16,7 @@ from .ids import derived_id
 from .schema import BUILD_STARTED, BUILD_SUCCESS, TASK_BUILD_RANGE, Replica, Table, Task
 
 if TYPE_CHECKING:
+    from .migrations import TabletTransition
     from .state import Group0State
 
 
@@ -31,19 +32,27 @@ def create_build_tasks(state: Group0State, view: Table, seed: str,
     created = 0
     for tablet_id, replicas in replicas_by_tablet.items():
         for replica in replicas:
+            transition = state.transitions.get((view.view.base_id, tablet_id))
+            if _is_removed(transition, replica):
+                continue  # base position 0 builds the view position it fed (`migrations.feeding_count`)
             task_id = derived_id(seed, view.id, tablet_id, replica.node, replica.shard)
             state.tasks[task_id] = Task(task_id, TASK_BUILD_RANGE, view.view.base_id, view.id, replica, tablet_id,
-                                        aborted=_is_leaving(state, view.view.base_id, tablet_id, replica))
+                                        aborted=_is_moving_away(transition, replica))
             state.build_status[(view.id, replica.node)] = BUILD_STARTED
             created += 1
     state.tasks_created[view.id] = state.tasks_created.get(view.id, 0) + created
     return created
 
 
-def _is_leaving(state: Group0State, base_id: str, tablet_id: int, replica: Replica) -> bool:
-    """Whether `replica` is moving away (a task on it starts aborted, and follows the migration's end)."""
-    transition = state.transitions.get((base_id, tablet_id))
-    return transition is not None and transition.leaving == replica
+def _is_moving_away(transition: TabletTransition | None, replica: Replica) -> bool:
+    """Whether `replica` is replaced by a move (a task on it starts aborted, and follows the migration's end); the
+    replica an RF increase is filled from stays, and builds."""
+    return transition is not None and transition.kind == "move" and transition.leaving == replica
+
+
+def _is_removed(transition: TabletTransition | None, replica: Replica) -> bool:
+    """Whether `replica` is being removed by an RF decrease (it gets no writes, so it feeds no view replica)."""
+    return transition is not None and transition.kind == "remove" and transition.leaving == replica
 
 
 def replicas_changed(state: Group0State, base: Table, seed: str, added: Mapping[int, Sequence[Replica]]) -> None:
@@ -70,6 +79,34 @@ def abort_replica_tasks(state: Group0State, base_id: str, tablet_id: int, replic
             state.tasks[task.id] = replace(task, aborted=True)
             aborted += 1
     return aborted
+
+
+def hand_over_tasks(state: Group0State, base_id: str, tablet_id: int, removed: Replica, heir: Replica,
+                    seed: str) -> int:
+    """An RF decrease takes `removed` away: base position 0 (`heir`) now feeds the view position it fed, so each view
+    with a task left on `removed` gets a new task (new id from `seed`) on `heir`, replacing any it had there (a batch
+    of that one may have merged its rows under the old pairing, to position 0 alone)."""
+    handed = 0
+    for task in [t for t in state.tasks.values()
+                 if (t.base_id, t.tablet_id, t.replica) == (base_id, tablet_id, removed)]:
+        if task.id not in state.tasks:
+            continue
+        for gone in [t for t in state.tasks.values() if (t.base_id, t.tablet_id, t.view_id) ==
+                     (base_id, tablet_id, task.view_id) and t.replica in (removed, heir)]:
+            del state.tasks[gone.id]
+            _count_created(state, gone.view_id, -1)
+        task_id = derived_id(seed, task.view_id or task.base_id, tablet_id, heir.node, heir.shard)
+        state.tasks[task_id] = replace(task, id=task_id, replica=heir, aborted=False)
+        _count_created(state, task.view_id, 1)
+        if task.view_id is not None:
+            state.build_status[(task.view_id, heir.node)] = BUILD_STARTED
+        handed += 1
+    return handed
+
+
+def _count_created(state: Group0State, view_id: str | None, delta: int) -> None:
+    if view_id in state.tasks_created:
+        state.tasks_created[view_id] += delta
 
 
 def recreate_aborted_tasks(state: Group0State, base_id: str, tablet_id: int, aborted_on: Replica, new_replica: Replica,
@@ -128,17 +165,27 @@ def split_tasks(state: Group0State, base_id: str, seed: str) -> None:
             state.tasks_created[task.view_id] += 1
 
 
-def merge_tasks(state: Group0State, base_id: str, seed: str) -> None:
-    """Tasks of tablets 2n and 2n+1 of `base_id` become one task of n per (view, replica) (new ids)."""
+def merge_tasks(state: Group0State, base_id: str, seed: str, halves: Sequence[Sequence[Replica]]) -> None:
+    """Tasks of tablets 2n and 2n+1 of `base_id` (whose replica lists were `halves`) become one task of n per
+    (view, position), on the replica now at that position (new ids).
+
+    A task stands for the view replicas its position feeds, not for its node: 2n+1 may hold the same replicas as
+    2n in another order, and its task at position p must then run on the replica the merged tablet has at p."""
     merged: dict[tuple, Task] = {}
+    replicas = state.tablets[base_id].replicas
     for task in [t for t in state.tasks.values() if t.base_id == base_id]:
         del state.tasks[task.id]
-        key = (task.type, task.view_id, task.replica, task.tablet_id // 2)
-        if key in merged and task.view_id in state.tasks_created:
-            state.tasks_created[task.view_id] -= 1
-        merged[key] = task
+        tablet = task.tablet_id // 2
+        position = list(halves[task.tablet_id]).index(task.replica)
+        key = (task.type, task.view_id, position, tablet)
+        if key in merged:
+            _count_created(state, task.view_id, -1)
+        merged[key] = replace(task, replica=replicas[tablet][position])
     for (_, _, _, tablet), task in merged.items():
         _add_moved_task(state, task, tablet, seed)
+        if task.view_id is not None:
+            state.build_status[(task.view_id, task.replica.node)] = BUILD_STARTED
+    _follow_holders(state, base_id)
 
 
 def _add_moved_task(state: Group0State, task: Task, tablet_id: int, seed: str) -> None:

@@ -1,0 +1,104 @@
+"""The invariants of the replicated group0 state, checked by `Group0State.validate()` after every command in tests.
+
+Each check raises AssertionError naming what contradicts what. They are the rules the commands keep between them
+(the coverage of the view replicas by the base rows needs the rows themselves: the data simulation checks it):
+
+- tablet maps: every table and view has one, each tablet has replicas, on distinct known nodes and valid shards;
+- transitions: one per tablet (keyed by it), of an existing tablet, the leaving replica one of its replicas, the
+  pending one on a node that does not hold the tablet otherwise, a stage the kind goes through;
+- feeders: every base tablet keeps a replica that feeds view replicas (`migrations.feeding_count` >= 1);
+- tasks: of an existing base tablet and one of its views, on a current replica of the tablet; aborted exactly when
+  that replica is being moved away; none on a replica an RF decrease removes; a node holding a task of a view has
+  the view's build STARTED there, so a view with tasks left is not BUILT;
+- the processing base and the merge requests name existing base tables.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import migrations
+from .schema import BUILD_STARTED
+
+if TYPE_CHECKING:
+    from .state import Group0State
+
+_KIND_STAGES = {
+    migrations.MOVE: frozenset(migrations.FORWARD + migrations.ROLLBACK),
+    migrations.ADD: frozenset(migrations.FORWARD + migrations.ROLLBACK),
+    migrations.REMOVE: frozenset({migrations.USE_NEW, migrations.CLEANUP, migrations.END_MIGRATION}),
+}
+
+
+def validate(state: Group0State) -> None:
+    """Raise AssertionError when the state contradicts one of the invariants above."""
+    check_tablet_maps(state)
+    check_transitions(state)
+    check_tasks(state)
+    check_building(state)
+
+
+def check_tablet_maps(state: Group0State) -> None:
+    assert set(state.tablets) == set(state.tables), \
+        f"tables without a tablet map or maps without a table: {set(state.tablets) ^ set(state.tables)}"
+    for table_id, tablet_map in state.tablets.items():
+        assert tablet_map.table_id == table_id and tablet_map.replicas, f"tablet map of {table_id} is empty or misfiled"
+        for tablet, replicas in enumerate(tablet_map.replicas):
+            where = f"tablet {tablet} of {state.tables[table_id].qualified_name}"
+            assert replicas, f"{where} has no replica"
+            nodes = [r.node for r in replicas]
+            assert len(set(nodes)) == len(nodes), f"{where} has two replicas on one node: {replicas}"
+            for replica in replicas:
+                node = state.nodes.get(replica.node)
+                assert node is not None, f"{where} has a replica on unknown node {replica.node}"
+                assert 0 <= replica.shard < node.shards, f"{where} has a replica on missing shard {replica}"
+
+
+def check_transitions(state: Group0State) -> None:
+    for (table_id, tablet), transition in state.transitions.items():
+        where = f"migration {transition.migration_id} of tablet {tablet} of table {table_id}"
+        assert (transition.table_id, transition.tablet_id) == (table_id, tablet), f"{where} is filed under another"
+        assert table_id in state.tablets and tablet < state.tablets[table_id].tablet_count, f"{where}: no such tablet"
+        assert transition.stage in _KIND_STAGES[transition.kind], f"{where}: a {transition.kind} at {transition.stage}"
+        replicas = state.tablets[table_id].replicas[tablet]
+        assert transition.leaving in replicas, f"{where}: leaving replica {transition.leaving} not in {replicas}"
+        if transition.kind != migrations.REMOVE:
+            others = replicas if transition.kind == migrations.ADD else tuple(
+                r for r in replicas if r != transition.leaving)
+            assert transition.pending.node not in {r.node for r in others}, \
+                f"{where}: pending replica {transition.pending} on a node that holds the tablet"
+        if transition.kind == migrations.REMOVE:
+            assert replicas[-1] == transition.leaving and len(replicas) > 1, f"{where}: removes {transition.leaving}"
+
+
+def check_tasks(state: Group0State) -> None:
+    for task in state.tasks.values():
+        where = f"task {task.id} of view {task.view_id}"
+        assert task.base_id in state.tablets, f"{where}: its base table is gone"
+        view = state.tables.get(task.view_id) if task.view_id is not None else None
+        assert task.view_id is None or (view is not None and view.view.base_id == task.base_id), \
+            f"{where}: not a view of base {task.base_id}"
+        base_map = state.tablets[task.base_id]
+        assert 0 <= task.tablet_id < base_map.tablet_count, f"{where}: tablet {task.tablet_id} does not exist"
+        replicas = base_map.replicas[task.tablet_id]
+        assert task.replica in replicas, f"{where}: on {task.replica}, not a replica of tablet {task.tablet_id}"
+        transition = migrations.transition_of(state, task.base_id, task.tablet_id)
+        moving_away = transition is not None and transition.kind == migrations.MOVE \
+            and transition.leaving == task.replica
+        assert task.aborted == moving_away, \
+            f"{where}: aborted={task.aborted} on {task.replica}, which {'moves' if moving_away else 'stays'}"
+        assert transition is None or transition.kind != migrations.REMOVE or transition.leaving != task.replica, \
+            f"{where}: on {task.replica}, which an RF decrease removes (base position 0 builds for it)"
+        if task.view_id is not None:
+            assert state.build_status.get((task.view_id, task.replica.node)) == BUILD_STARTED, \
+                f"{where}: node {task.replica.node} holds it but the view's build there is not STARTED"
+
+
+def check_building(state: Group0State) -> None:
+    for table_id, tablet_map in state.tablets.items():
+        for tablet, replicas in enumerate(tablet_map.replicas):
+            assert migrations.feeding_count(replicas, migrations.transition_of(state, table_id, tablet)) >= 1, \
+                f"tablet {tablet} of table {table_id} has no replica feeding its views"
+    base = state.processing_base
+    assert base is None or (base in state.tables and state.tables[base].view is None), \
+        f"processing base {base} is not an existing base table"
+    assert state.merge_requests <= set(state.tables), f"merge requested of unknown tables: {state.merge_requests}"

@@ -1,0 +1,121 @@
+"""The coverage rule through merges and RF changes: every view replica keeps a feeder and a build task that gives it
+the existing rows (pure core; group0's invariants are checked after every command by the conftest fixture)."""
+from __future__ import annotations
+
+import uuid
+
+from coordinator.core import migrations as m
+from coordinator.core import planner, resize
+from coordinator.core.commands import FinishViewBuildingTasks, StartTabletMigration
+from coordinator.core.schema import Replica
+from coordinator.core.state import Group0State
+from tests.test_core_state import cluster, make_table, make_view
+from tests.test_tablet_migrations import alter_rf, co_locate, merge, request_merge, run_to
+
+
+def finish(state: Group0State, tasks) -> None:
+    assert state.apply(FinishViewBuildingTasks(cmd_id=None, term=1, task_ids=tuple(t.id for t in tasks))).ok
+
+
+def start_kind(state: Group0State, table_id: str, tablet: int, kind: str, leaving: Replica, pending: Replica):
+    outcome = state.apply(StartTabletMigration(
+        cmd_id=None, migration_id=uuid.uuid4().hex, table_id=table_id, tablet_id=tablet, leaving_node=leaving.node,
+        leaving_shard=leaving.shard, pending_node=pending.node, pending_shard=pending.shard, kind=kind))
+    assert outcome.ok, outcome
+
+
+def positions_with_tasks(state: Group0State, table_id: str, tablet: int) -> set[int]:
+    return {m.position_of(state, table_id, tablet, t.replica.node) for t in state.tasks.values()
+            if t.base_id == table_id and t.tablet_id == tablet}
+
+
+def add_replica(state: Group0State, table_id: str, tablet: int) -> None:
+    [move] = [p for p in m.replication_moves(state, limit=100) if (p.table_id, p.tablet_id) == (table_id, tablet)]
+    start_kind(state, table_id, tablet, move.kind, move.leaving, move.pending)
+    run_to(state, table_id, tablet, "end_migration")
+
+
+def test_a_merge_keeps_the_tasks_by_position_when_the_odd_half_holds_the_same_replicas_in_another_order():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=2, tablets=2)
+    view_id = make_view(state)
+    assert request_merge(state, table_id).ok
+    co_locate(state, table_id)
+    even, odd = state.tablets[table_id].replicas
+    assert set(even) == set(odd) and even != odd  # the sets agree, the pairing positions do not
+    by_node = {r.node for r in even}
+    done = [t for t in state.tasks.values() if t.replica == even[1] and t.view_id == view_id]
+    finish(state, done)  # position 1 of the even half, position 0 of the odd one
+    assert {(t.tablet_id, m.position_of(state, table_id, t.tablet_id, t.replica.node))
+            for t in state.tasks.values()} == {(0, 0), (1, 1)}
+    assert merge(state, table_id).ok
+    assert positions_with_tasks(state, table_id, 0) == {0, 1}  # the odd half's rows still owed to position 1
+    assert {t.replica.node for t in state.tasks.values()} == by_node
+    assert not state.view_is_built(view_id)
+
+
+def test_a_base_replica_added_before_the_view_grows_waits_for_its_view_replica():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=2, tablets=1)
+    view_id = make_view(state)
+    assert alter_rf(state, 3).ok
+    add_replica(state, table_id, 0)
+    added = state.tablets[table_id].replicas[0][2]
+    [task] = [t for t in state.tasks.values() if t.replica == added]
+    assert "still being added" in m.view_replica_missing(state, task)
+    queues = planner.replica_queues(state, table_id)
+    assert task.id not in {t.id for queue in queues.values() for t in queue}
+    add_replica(state, view_id, 0)
+    assert m.view_replica_missing(state, task) is None
+    assert task.id in {t.id for queue in planner.replica_queues(state, table_id).values() for t in queue}
+
+
+def test_a_view_created_while_a_replica_is_added_is_built_on_every_replica():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=2, tablets=1)
+    assert alter_rf(state, 3).ok
+    [move] = [p for p in m.replication_moves(state, limit=10) if p.table_id == table_id]
+    start_kind(state, table_id, 0, "add", move.leaving, move.pending)
+    view_id = make_view(state)
+    assert not any(t.aborted for t in state.tasks.values())  # the source of an add stays: it builds
+    run_to(state, table_id, 0, "end_migration")
+    assert positions_with_tasks(state, table_id, 0) == {0, 1, 2}
+    assert not state.view_is_built(view_id)
+
+
+def test_a_replica_being_removed_hands_its_view_position_to_position_0():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=3, tablets=1)
+    view_id = make_view(state)
+    replicas = state.tablets[table_id].replicas[0]
+    finish(state, [t for t in state.tasks.values() if t.replica == replicas[0]])  # position 0 done: fed view pos 0
+    assert alter_rf(state, 2).ok
+    start_kind(state, table_id, 0, "remove", replicas[2], replicas[2])
+    transition = m.transition_of(state, table_id, 0)
+    assert m.feeding_count(replicas, transition) == 2
+    view_replicas = state.tablets[view_id].replicas[0]
+    assert m.paired_targets(view_replicas, None, 0, 2) == (view_replicas[0], view_replicas[2])  # live updates
+    assert positions_with_tasks(state, table_id, 0) == {0, 1}  # position 0 builds again, for view position 2
+    run_to(state, table_id, 0, "end_migration")
+    assert positions_with_tasks(state, table_id, 0) == {0, 1}
+    assert not state.view_is_built(view_id)
+
+
+def test_a_view_created_while_a_replica_is_removed_gets_no_task_there():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=3, tablets=1)
+    replicas = state.tablets[table_id].replicas[0]
+    assert alter_rf(state, 2).ok
+    start_kind(state, table_id, 0, "remove", replicas[2], replicas[2])
+    make_view(state)
+    assert positions_with_tasks(state, table_id, 0) == {0, 1}
+
+
+def test_merge_moves_compare_sets_and_the_merge_maps_positions():
+    state = cluster(nodes=2, shards=1)
+    table_id = make_table(state, rf=2, tablets=2)
+    make_view(state)
+    assert request_merge(state, table_id).ok
+    assert resize.merge_moves(state, table_id) == []  # two nodes, RF 2: every pair already shares its replicas
+    assert merge(state, table_id).ok
+    assert positions_with_tasks(state, table_id, 0) == {0, 1}
