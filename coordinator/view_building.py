@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from typing import Any, Protocol, TypeVar
 
-from common.injection import InjectedFailure, Injections
+from common.injection import Injections
 from common.metrics import NodeMetrics
 from coordinator.core import leader_loop as core
 from coordinator.core.commands import Command
@@ -207,12 +207,7 @@ class ViewBuildingLoop:
         return outcome.error
 
     def _hit_pause_point(self) -> None:
-        point = self._injections.points().get(PAUSE_POINT)
-        if point is not None and point.mode == "fail":  # counts the hit (wait_hit); spends a one-shot point
-            try:
-                self._injections.hit(PAUSE_POINT)
-            except InjectedFailure:
-                pass
+        self._injections.note_hit(PAUSE_POINT)  # counts the hit (wait_hit); spends a one-shot point
 
     def _publish_counters(self) -> None:
         now, before, metrics = self._core.counters, self._published_counters, self._metrics

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from common.injection import Injections
+from common.injection import Injections, default_mode
 from common.progress import BuildRates
 from common.status import unary
 from coordinator.core import balancer
@@ -223,7 +223,7 @@ class AdminService(rpc.AdminServicer):
         hit = False
         try:
             if action == pb.InjectRequest.ENABLE:
-                injections.enable(request.name, request.mode or "fail", request.one_shot)
+                injections.enable(request.name, request.mode, request.one_shot)  # mode "": the point's default
             elif action == pb.InjectRequest.DISABLE:
                 injections.disable(request.name)
             elif action == pb.InjectRequest.WAIT_HIT:
@@ -232,9 +232,14 @@ class AdminService(rpc.AdminServicer):
             raise NotFound(error.args[0]) from None
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
-        points = [pb.InjectionPoint(name=n, enabled=p.enabled, mode=p.mode, one_shot=p.one_shot, hits=p.hits)
-                  for n, p in sorted(injections.points().items())]
+        points = [_injection_point(n, p) for n, p in sorted(injections.points().items())]
         return pb.InjectResponse(hit=hit, points=points, node=self._deps.node_id, injections_disabled=not enabled)
+
+
+def _injection_point(name: str, point) -> pb.InjectionPoint:
+    """A point as listed: a disabled point shows its default mode, the one `enable` without a mode uses."""
+    mode = point.mode if point.enabled else default_mode(name)
+    return pb.InjectionPoint(name=name, enabled=point.enabled, mode=mode, one_shot=point.one_shot, hits=point.hits)
 
 
 def _add_stream_progress(migrations, streams) -> None:

@@ -82,7 +82,8 @@ def test_cluster_up_exec_status_tablets_inject_down(cluster_dir):
     assert tablets[0]["first_token"] == -(2**63) and tablets[-1]["last_token"] == 2**63 - 1
     assert all(len(t["replicas"]) == 3 and all(":" in r for r in t["replicas"]) for t in tablets)
 
-    vbc("inject", "--cluster", d, "--node", "n2", "write.replica.before_apply", "--enable", "--one-shot")
+    vbc("inject", "--cluster", d, "--node", "n2", "write.replica.before_apply", "--enable", "--one-shot",
+        "--mode", "fail")
     failed = vbc("exec", "--cluster", d, "INSERT INTO ks.t (key, c, v) VALUES (2, 2, 'z')", check=False)
     assert failed.returncode != 0 and "UNAVAILABLE" in failed.stderr and "injected failure" in failed.stderr
     assert vbc("inject", "--cluster", d, "--node", "n2", "write.replica.before_apply", "--wait-hit", "5").returncode == 0

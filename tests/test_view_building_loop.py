@@ -271,7 +271,7 @@ def test_a_failing_node_is_retried_with_backoff_and_the_view_waits_for_it(harnes
 def test_the_pause_injection_stops_dispatch_and_resuming_continues(harnesses):
     group0, workers = build_cluster(), FakeWorkers()
     injections = Injections()
-    injections.enable(PAUSE_POINT)
+    injections.enable(PAUSE_POINT)  # its default, pause: the loop counts the hit and holds dispatch back
     h = start(harnesses, group0, workers, injections=injections)
     assert injections.wait_hit(PAUSE_POINT, WAIT)
     h.wait_rounds()

@@ -19,8 +19,8 @@ from common.processes import end_with_parent
 from vbc import client
 from vbc import cluster as cluster_mod
 from vbc.cluster import stop_on_signals
-from vbc.render import (check_report, injection_points_table, nodes_table, render_status, result_table,
-                        stdout_console, tablets_table)
+from vbc.render import (check_report, injection_point_rows, injection_points_table, nodes_table, render_status,
+                        result_table, stdout_console, tablets_table)
 
 ADDR_ENV = "VBC_ADDR"
 NO_TARGET_MESSAGE = "give --addr HOST:PORT or --cluster DIR"
@@ -349,7 +349,8 @@ def add_client_parsers(commands) -> None:
                         help="exit 0 once the point was hit, 1 after SECONDS without a hit")
     action.add_argument("--list", action="store_true", help="list the injection points")
     inject.add_argument("--one-shot", action="store_true", help="with --enable: disable after the first hit")
-    inject.add_argument("--mode", choices=["fail", "pause"], help="with --enable: fail (default) or pause")
+    inject.add_argument("--mode", choices=["fail", "pause"],
+                        help="with --enable: fail or pause (default: the point's own mode, which follows its name; --list shows it)")
     inject.add_argument("--json", action="store_true")
     inject.set_defaults(handler=cmd_inject, parser=inject)
 
@@ -1090,7 +1091,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
     if args.list:
         result = client.inject(target, args.name or "", "list")
         if args.json:
-            print(json_line(result))
+            print(json_line({**result, "points": injection_point_rows(result)}))
         else:
             stdout_console().print(injection_points_table(result))
             if not result["injections_enabled"]:
@@ -1104,11 +1105,17 @@ def cmd_inject(args: argparse.Namespace) -> int:
     if args.json:
         print(json_line(result))
     elif args.enable:
-        details = f"mode {args.mode or 'fail'}" + (", one-shot" if args.one_shot else "")
+        details = f"mode {enabled_mode(result, args.name, args.mode)}" + (", one-shot" if args.one_shot else "")
         print(f"{args.name}: enabled on {result['node'] or target[0]} ({details})")
     else:
         print(f"{args.name}: disabled on {result['node'] or target[0]}")
     return 0
+
+
+def enabled_mode(result: dict, name: str, asked: str | None) -> str:
+    """The mode `name` was enabled in: as the node lists it, else as asked, else the point's default."""
+    listed = [point["mode"] for point in result["points"] if point["name"] == name and point["mode"]]
+    return (listed or [asked or "the point's default"])[0]
 
 
 def wait_for_hit(target: list[str], args: argparse.Namespace) -> int:

@@ -9,6 +9,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from common.injection import default_mode
+
 
 def stdout_console() -> Console:
     """A console on the current stdout; wide when not a terminal so tables are not squeezed in pipes."""
@@ -59,12 +61,20 @@ def tablets_table(table: str, tablets: list[dict]) -> Table:
     return rendered
 
 
+INJECTION_COLUMNS = ("name", "enabled", "mode", "default_mode", "one_shot", "hits")
+
+
+def injection_point_rows(result: dict) -> list[dict]:
+    """The listed points, each with its default mode (from this client's list of points; "" if unknown here)."""
+    return [{**point, "default_mode": default_mode(point["name"])} for point in result["points"]]
+
+
 def injection_points_table(result: dict) -> Table:
     table = Table(title=f"injection points of {result['node'] or 'the node'}", title_justify="left")
-    for column in ("name", "enabled", "mode", "one_shot", "hits"):
+    for column in INJECTION_COLUMNS:
         table.add_column(column)
-    for point in result["points"]:
-        table.add_row(*(cell(point[column]) for column in ("name", "enabled", "mode", "one_shot", "hits")))
+    for point in injection_point_rows(result):
+        table.add_row(*(cell(point[column]) for column in INJECTION_COLUMNS))
     return table
 
 
