@@ -83,7 +83,8 @@ def scan_request_to_proto(request: ScanRequest) -> pb.ScanRequest:
         partition_key=[value_to_proto(v) for v in request.partition_key or ()],
         columns=list(request.columns or ()),
         filters=[pb.ScanFilter(column=f.column, op=f.op, values=_filter_values(f)) for f in request.filters],
-        aggregates=[pb.ScanAggregate(function=a.function, column=a.column or "") for a in request.aggregates])
+        aggregates=[pb.ScanAggregate(function=a.function, column=a.column or "") for a in request.aggregates],
+        schema_version=request.schema_version)
     if request.after is not None:
         message.has_after = True
         message.after_token = request.after[0]
@@ -107,7 +108,8 @@ def scan_request_from_proto(message: pb.ScanRequest) -> ScanRequest:
                        limit=message.limit or None, page_size=message.page_size or DEFAULT_PAGE_SIZE,
                        after=after, columns=tuple(message.columns) or None,
                        filters=tuple(_filter_from_proto(f) for f in message.filters),
-                       aggregates=tuple(Aggregate(a.function, a.column or None) for a in message.aggregates))
+                       aggregates=tuple(Aggregate(a.function, a.column or None) for a in message.aggregates),
+                       schema_version=message.schema_version)
 
 
 def _filter_from_proto(message: pb.ScanFilter) -> Filter:

@@ -1,7 +1,8 @@
 """The replica role's transport to other nodes: domain batches and scans over the Internode gRPC service.
 
 Every failure of a call (the peer refused it, the peer is unreachable, the call timed out) reaches the caller
-as a `CoreError`: the peer's own refusal keeps its code (NOT_FOUND, UNAVAILABLE, ...), any other gRPC status
+as a `CoreError`: the peer's own refusal keeps its code (NOT_FOUND, UNAVAILABLE, ...) and its type when it was a
+typed one (`RangeMoved`, `StaleTerm`: named in the trailing metadata, `common.status`), any other gRPC status
 becomes `Unavailable` whose message names that status.
 """
 from __future__ import annotations
@@ -12,11 +13,12 @@ from collections.abc import Callable, Iterator
 import grpc
 import pyarrow as pa
 
-from coordinator.core.errors import ERRORS_BY_CODE, CoreError, Unavailable
+from coordinator.core.errors import ERRORS_BY_CODE, ERRORS_BY_NAME, CoreError, Unavailable
 
 from common.arrow_stream import batches_from_pieces, ipc_pieces, table_from_pieces
 from common.codec import batch_to_proto, row_to_proto, scan_page_from_proto, scan_request_to_proto
 from common.peers import Peers
+from common.status import error_kind_of
 from common.stream_pool import Exchange, start_exchange
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
 from storage.cells import Row
@@ -36,14 +38,18 @@ SCHEMA_AGREEMENT_TIMEOUT = 5.0
 
 def error_from_rpc(error: grpc.RpcError) -> CoreError:
     """The typed core error for a failed gRPC call (see the module docstring)."""
-    return error_from_status(error.code().name, error.details())
+    return error_from_status(error.code().name, error.details(), error_kind_of(error))
 
 
-def error_from_status(code: str, details: str | None) -> CoreError:
-    """The typed core error for a gRPC status a peer answered with (see the module docstring)."""
+def error_from_status(code: str, details: str | None, kind: str | None = None) -> CoreError:
+    """The typed core error for a gRPC status a peer answered with, of class `kind` when the peer named one of that
+    code (see the module docstring)."""
     error_type = ERRORS_BY_CODE.get(code)
     if error_type is None:
         return Unavailable(f"{code}: {details}")
+    typed = ERRORS_BY_NAME.get(kind or "")
+    if typed is not None and typed.code == code:
+        error_type = typed
     return error_type(details or code)
 
 

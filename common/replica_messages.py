@@ -49,7 +49,9 @@ class ScanRequest:
     `partition_key` (the partition key values) restricts the scan to one partition; `after` = (token, key or key
     prefix) resumes strictly after that row; `filters` are WHERE terms every row satisfies; `limit` None reads all.
     `columns` names the columns of each page (after `token`; None: every column). With `aggregates`, the answer is
-    one page of partial aggregates (`storage.reads.aggregate`) instead of rows.
+    one page of partial aggregates (`storage.reads.aggregate`) instead of rows. `schema_version` is the group0
+    version the coordinator planned the read at: the replica catches up to it and refuses (RangeMoved) a range it no
+    longer reads from; 0 (unversioned: a diagnostic scan of one replica's rows) is served as it stands.
     """
 
     table_id: str
@@ -62,6 +64,7 @@ class ScanRequest:
     columns: tuple[str, ...] | None = None
     filters: tuple[Filter, ...] = ()
     aggregates: tuple[Aggregate, ...] = ()
+    schema_version: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""The gRPC status (code and a message a person can act on) for every error raised while serving a call."""
+"""The gRPC status (code and a message a person can act on) for every error raised while serving a call.
+
+A typed refusal (`StaleTerm`, `RangeMoved`: a class of `errors.ERRORS_BY_NAME`) also names its class in the trailing
+metadata `vbc-error-kind`, so the caller rebuilds the type (`error_kind_of`) without reading the message text.
+"""
 from __future__ import annotations
 
 import functools
@@ -6,9 +10,11 @@ import logging
 
 import grpc
 
-from coordinator.core.errors import CoreError
+from coordinator.core.errors import ERRORS_BY_NAME, CoreError
 
 log = logging.getLogger(__name__)
+
+ERROR_KIND_KEY = "vbc-error-kind"
 
 
 def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
@@ -34,8 +40,27 @@ def counted_status(servicer, error: Exception) -> tuple[grpc.StatusCode, str]:
     return code, message
 
 
+def error_kind(error: Exception) -> str | None:
+    """The class name of a typed refusal a caller can rebuild (`errors.ERRORS_BY_NAME`); None for any other error."""
+    name = type(error).__name__
+    return name if ERRORS_BY_NAME.get(name) is type(error) else None
+
+
+def error_kind_of(error: grpc.RpcError) -> str | None:
+    """The typed refusal's class name a failed call carries in its trailing metadata (None when it carries none)."""
+    try:
+        metadata = error.trailing_metadata() or ()
+    except (AttributeError, TypeError):  # a call that failed before any metadata (or a stand-in error)
+        return None
+    return next((value for key, value in metadata if key == ERROR_KIND_KEY), None)
+
+
 def _abort(servicer, context, error: Exception) -> None:
-    context.abort(*counted_status(servicer, error))
+    code, message = counted_status(servicer, error)
+    kind = error_kind(error)
+    if kind is not None and hasattr(context, "set_trailing_metadata"):
+        context.set_trailing_metadata(((ERROR_KIND_KEY, kind),))
+    context.abort(code, message)
 
 
 def unary(method):

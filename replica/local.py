@@ -16,9 +16,10 @@ from common.arrow_tokens import tablets_of
 from common.injection import Injections
 from common.metrics import NodeMetrics
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
-from coordinator.core.errors import InvalidArgument, NotFound
+from coordinator.core.errors import InvalidArgument, NotFound, RangeMoved
+from coordinator.core.migrations import read_replicas
 from coordinator.core.schema import Table
-from coordinator.core.tokens import tablet_range
+from coordinator.core.tokens import tablet_of, tablet_range
 from storage import bulk
 from storage.arrow_layouts import conformed, rows_of_mutations
 from storage.cells import Row
@@ -209,12 +210,42 @@ class LocalData:
         self.tables.create_new()
 
     def scan(self, request: ScanRequest) -> Iterator[ScanPage]:
-        """The pages of a scan of this replica (see ScanRequest); NotFound for a table this node does not know."""
+        """The pages of a scan of this replica (see ScanRequest); NotFound for a table this node does not know.
+
+        A versioned request (planned at `schema_version`) is served only while this node is a read replica of every
+        tablet its range overlaps: checked once caught up to that version, then before and after reading each page
+        (RangeMoved otherwise). A page read after checking is checked again before it is handed on, so a page that
+        ran into the range's cleanup (which starts only after this node applied the `cleanup` stage, when it is no
+        longer a read replica) is never served.
+        """
         self._injections.hit("read.replica.scan")
+        self._schema.catch_up(request.schema_version)
         table = self._schema.read(lambda s: s.tables.get(request.table_id))
         if table is None:
             raise NotFound(f"table id {request.table_id} does not exist on node {self.node_id}")
-        return self.tables.scan(table, request)
+        if not request.schema_version:
+            return self.tables.scan(table, request)
+        self._check_serves(request)
+        return self._checked_pages(request, self.tables.scan(table, request))
+
+    def catch_up(self, version: int) -> None:
+        """Return once this node applied schema `version` (a peer saw it, so it is committed)."""
+        self._schema.catch_up(version)
+
+    def _checked_pages(self, request: ScanRequest, pages: Iterator[ScanPage]) -> Iterator[ScanPage]:
+        """`pages` (each read as it is taken), each read between two checks that this node still serves the request's
+        range: the one before the first page is `scan`'s."""
+        for page in pages:
+            self._check_serves(request)  # no cleanup of the range can have run under this page's read
+            yield page
+            self._check_serves(request)  # overtaken while the caller held the page: read no more
+
+    def _check_serves(self, request: ScanRequest) -> None:
+        """RangeMoved when this node, by the group0 state it applied, no longer reads from the request's range."""
+        moved = self._schema.read(lambda s: moved_away(s, request.table_id, self.node_id, request.first_token,
+                                                        request.last_token))
+        if moved is not None:
+            raise RangeMoved(moved)
 
     # ------------------------------------------------------------ tablet migration (replica.streaming)
 
@@ -242,3 +273,21 @@ class LocalData:
 
     def tablet_stream_progress(self) -> list[StreamProgress]:
         return self.tablet_streams.progress()
+
+
+def moved_away(state, table_id: str, node_id: str, first_token: int, last_token: int) -> str | None:
+    """Why `node_id` may not serve tokens first_token..last_token of a table by group0 `state`: the first tablet they
+    overlap whose read replicas (`migrations.read_replicas`) do not include the node, named with the nodes that serve
+    it now; None when the node reads from every one of them."""
+    table, tablet_map = state.tables.get(table_id), state.tablets.get(table_id)
+    if table is None or tablet_map is None:
+        raise NotFound(f"table id {table_id} does not exist on node {node_id} (dropped?)")
+    count = tablet_map.tablet_count
+    for tablet in range(tablet_of(first_token, count), tablet_of(last_token, count) + 1):
+        serving = read_replicas(state, table_id, tablet)
+        if all(replica.node != node_id for replica in serving):
+            first, last = tablet_range(tablet, count)
+            now = ", ".join(sorted({replica.node for replica in serving})) or "no node"
+            return (f"{table.qualified_name} tablet {tablet} (tokens {first}..{last}) is no longer read from node "
+                    f"{node_id}: {now} serves it now (schema version {state.schema_version}); plan the read again")
+    return None

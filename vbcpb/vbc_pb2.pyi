@@ -617,7 +617,7 @@ class ReplicaOutcome(_message.Message):
     def __init__(self, applied: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("table_id", "first_token", "last_token", "partition_key", "limit", "page_size", "has_after", "after_token", "after_key", "columns", "filters", "aggregates")
+    __slots__ = ("table_id", "first_token", "last_token", "partition_key", "limit", "page_size", "has_after", "after_token", "after_key", "columns", "filters", "aggregates", "schema_version")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -630,6 +630,7 @@ class ScanRequest(_message.Message):
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     FILTERS_FIELD_NUMBER: _ClassVar[int]
     AGGREGATES_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     table_id: str
     first_token: int
     last_token: int
@@ -642,7 +643,8 @@ class ScanRequest(_message.Message):
     columns: _containers.RepeatedScalarFieldContainer[str]
     filters: _containers.RepeatedCompositeFieldContainer[ScanFilter]
     aggregates: _containers.RepeatedCompositeFieldContainer[ScanAggregate]
-    def __init__(self, table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., partition_key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., has_after: _Optional[bool] = ..., after_token: _Optional[int] = ..., after_key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., columns: _Optional[_Iterable[str]] = ..., filters: _Optional[_Iterable[_Union[ScanFilter, _Mapping]]] = ..., aggregates: _Optional[_Iterable[_Union[ScanAggregate, _Mapping]]] = ...) -> None: ...
+    schema_version: int
+    def __init__(self, table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., partition_key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., has_after: _Optional[bool] = ..., after_token: _Optional[int] = ..., after_key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., columns: _Optional[_Iterable[str]] = ..., filters: _Optional[_Iterable[_Union[ScanFilter, _Mapping]]] = ..., aggregates: _Optional[_Iterable[_Union[ScanAggregate, _Mapping]]] = ..., schema_version: _Optional[int] = ...) -> None: ...
 
 class ScanFilter(_message.Message):
     __slots__ = ("column", "op", "values")

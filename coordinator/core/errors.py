@@ -58,11 +58,16 @@ class StaleTerm(FailedPrecondition):
     """A leader's command or call from a Raft term older than the newest one seen: a newer leader took over."""
 
 
+class RangeMoved(Unavailable):
+    """A replica asked for a token range it no longer reads from (a tablet moved away since the read was planned): the
+    coordinator catches up with group0, plans the rest of the range again and reads on."""
+
+
 ERRORS_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable,
                                             PermissionDenied, Unauthenticated, ResourceExhausted)}
 
 
-ERRORS_BY_NAME = {cls.__name__: cls for cls in (*ERRORS_BY_CODE.values(), StaleTerm)}
+ERRORS_BY_NAME = {cls.__name__: cls for cls in (*ERRORS_BY_CODE.values(), StaleTerm, RangeMoved)}
 
 
 def error_from_code(code: str, message: str, kind: str | None = None) -> CoreError:
