@@ -34,8 +34,9 @@ def work_request(shard: int, task_ids: tuple[str, ...], term: int, applied_index
 
 
 def worker_call_error(error: grpc.RpcError) -> CoreError:
-    """The typed core error of a failed worker call (common.internode's mapping: FAILED_PRECONDITION, a stale term,
-    stays FailedPrecondition; a status without its own type becomes Unavailable), its message led by the gRPC code
+    """The typed core error of a failed worker call (common.internode's mapping: the type named in the call's trailing
+    metadata when the status matches it, a stale term as StaleTerm; a status without its own type becomes
+    Unavailable), its message led by the gRPC code
     name, so that a refusal and a lost connection read apart in the loop's warnings."""
     typed = error_from_rpc(error)
     return type(typed)(f"{error.code().name}: {error.details()}")
