@@ -1,13 +1,17 @@
-"""The tablet migration driver on the group0 leader: carries each migration through its stages (the shell around
-`coordinator.core.migrations.next_step`: barriers, streaming and cleanup calls, stage proposals, retries), and
-co-locates then merges the tablets of tables whose merge was requested (`coordinator.core.resize`).
+"""The tablet migration driver's shell: the pure `MigrationLoop` on a thread, with the calls, clock, ids and metrics.
 
-Every migration in group0's `transitions` gets a thread of its own (a few at a time); each step runs the I/O the core
-names, then proposes the next stage with the leader's Raft term, compare-and-set on the stage it started from. A
-new leader finds the transitions in group0 and resumes them at their stage: every step is safe to run again.
+The decisions (which migrations start, each one's next step, retries, rollbacks, merges, node removals) are the core's,
+`coordinator.core.migration_loop`. Each round feeds it the node's leadership and term as one pair, the time and the
+results that arrived. A step (the pause point, a barrier, a stream, a cleanup) runs on a thread of its own (the core
+keeps a few under way at once; a pause point that is not enabled is answered at once) and its result, with a typed
+failure, comes back as an event; proposals and Raft membership changes run on the loop's thread and their outcomes go
+back in the same round. The thread sleeps until the core's `WakeAt`, a step's result, `notify_applied()` (group0's
+on_applied) or `wake()`. A new leader finds the transitions in group0 and resumes them at their stage: every step is
+safe to run again.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -17,21 +21,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from common.injection import InjectedFailure, Injections
-from coordinator.core import migrations as core
-from coordinator.core import balancer, resize
-from coordinator.core.commands import AdvanceTabletMigration, Command, MergeTablets, RemoveNode, StartTabletMigration
-from coordinator.core.schema import NODE_REMOVING
-from coordinator.core.errors import CoreError
+from coordinator.core import migration_loop as core
+from coordinator.core.commands import AdvanceTabletMigration, Command
+from coordinator.core.errors import CoreError, StaleTerm, Unavailable
+from coordinator.core.migrations import DONE, END_MIGRATION, FINAL, REVERTED
 from coordinator.core.state import Group0State
-from coordinator.core.tokens import tablet_range
 
 T = TypeVar("T")
 
 PAUSE_POINT = "pause_tablet_migration_stage"
+DOWN_AFTER = 30.0  # a node whose barriers and calls failed this long, with no success between, is down
 RETRY_DELAY = 1.0  # after a step that failed and may succeed later (a barrier a node did not confirm, say)
 BARRIER_TIMEOUT = 10.0
 PROPOSE_TIMEOUT = 10.0
-IDLE_WAKE = 1.0
+ERROR_RETRY = 1.0  # after an unexpected error in a round (group0 unavailable, say)
+PASSES_PER_ROUND = 8  # handle() calls per round while proposals come back; the rest waits for the next round
 
 log = logging.getLogger(__name__)
 
@@ -56,29 +60,22 @@ class MigrationCalls:
     cleanup: Callable[..., int]
 
 
-class StepFailed(Exception):
-    """A step that did not succeed; `roll_back` when the migration should be rolled back because of it."""
-
-    def __init__(self, message: str, roll_back: bool):
-        super().__init__(message)
-        self.roll_back = roll_back
-
-
 class MigrationDriver:
-    """Drives group0's tablet migrations while this node leads; `start()`, `stop()`, `wake()`."""
+    """Runs `MigrationLoop` on the group0 leader; `start()`, `stop()`, `wake()`, `notify_applied()`."""
 
     def __init__(self, *, group0: Group0Client, leadership: Callable[[], tuple[bool, int]], calls: MigrationCalls,
                  injections: Injections | None = None, max_parallel: int = 4, metrics=None, node_id: str = "",
-                 leave: Callable[[], None] = lambda: None):
+                 leave: Callable[[], None] = lambda: None, down_after: float = DOWN_AFTER,
+                 retry_delay: float = RETRY_DELAY, clock: Callable[[], float] = time.monotonic,
+                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex):
         self._group0, self._leadership, self._calls = group0, leadership, calls
-        # a Raft leader cannot take itself out of the group: a drained leader calls `leave` (the node stops), and
-        # the next leader removes it
-        self._node_id, self._leave = node_id, leave
+        self._leave = leave
         self._injections = injections if injections is not None else Injections()
-        self._max_parallel, self._metrics = max_parallel, metrics
-        self._cond = threading.Condition()
-        self._active: dict[str, threading.Thread] = {}  # by migration id
-        self._retry_after: dict[str, float] = {}
+        self._metrics, self._clock = metrics, clock
+        config = core.MigrationConfig(down_after=down_after, max_parallel=max_parallel, retry_delay=retry_delay)
+        self._core = core.MigrationLoop(config, node_id=node_id, new_id=new_id)
+        self._cond = threading.Condition()  # guards everything below
+        self._results: list[core.Event] = []
         self._stopping = self._woken = False
         self._thread: threading.Thread | None = None
 
@@ -94,6 +91,7 @@ class MigrationDriver:
             self._thread.join(timeout)
 
     def wake(self, _applied_index: int | None = None) -> None:
+        """Run a round now (also group0's on_applied: quick, never blocks on the loop)."""
         with self._cond:
             self._woken = True
             self._cond.notify_all()
@@ -105,175 +103,160 @@ class MigrationDriver:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._woken:
-                    if not self._cond.wait(IDLE_WAKE):
-                        break
                 if self._stopping:
                     return
                 self._woken = False
             try:
-                self._round()
+                deadline = self._round()
             except Exception as error:  # noqa: BLE001 - a round must not kill the driver
                 log.warning("tablet migration round failed: %s", error)
-
-    def _round(self) -> None:
-        leader, term = self._leadership()
-        if not leader:
-            return
-        for table_id in self._group0.read(lambda s: sorted(s.merge_requests)):
-            self._prepare_merge(table_id, term)
-        self._start_replication_moves()
-        self._start_planned(self._group0.read(lambda s: core.drain_moves(s, max(self._max_parallel * 2
-                                                                                 - len(s.transitions), 0))))
-        self._remove_drained_nodes(term)
-        self._start_planned(self._group0.read(
-            lambda s: [] if s.merge_requests else balancer.balance_moves(s, self._max_parallel)))
-        transitions = self._group0.read(lambda s: sorted(s.transitions.values(), key=lambda t: t.migration_id))
-        now = time.monotonic()
-        with self._cond:
-            for transition in transitions:
-                busy = transition.migration_id in self._active or len(self._active) >= self._max_parallel
-                if busy or self._retry_after.get(transition.migration_id, 0.0) > now:
-                    continue
-                thread = threading.Thread(target=self._drive, args=(transition, term), daemon=True,
-                                          name=f"migration-{transition.migration_id[:8]}")
-                self._active[transition.migration_id] = thread
-                thread.start()
-
-    def _start_replication_moves(self) -> None:
-        """Start the replica additions and removals that bring tablets to their keyspace's RF (a few at a time)."""
-        limit = self._max_parallel * 2
-        self._start_planned(self._group0.read(lambda s: core.replication_moves(s, max(limit - len(s.transitions), 0))))
-
-    def _start_planned(self, planned: list[core.PlannedMove]) -> None:
-        for move in planned:
-            source = move.source
-            outcome = self._group0.propose(StartTabletMigration(
-                cmd_id=uuid.uuid4().hex, migration_id=uuid.uuid4().hex, table_id=move.table_id,
-                tablet_id=move.tablet_id, leaving_node=move.leaving.node, leaving_shard=move.leaving.shard,
-                pending_node=move.pending.node, pending_shard=move.pending.shard, kind=move.kind,
-                source_node=source.node if source else "", source_shard=source.shard if source else 0),
-                timeout=PROPOSE_TIMEOUT)
-            if not outcome.ok:
-                log.info("replica %s of tablet %d of %s refused: %s", move.kind, move.tablet_id, move.table_id,
-                         outcome.error_message)
-
-    def _remove_drained_nodes(self, term: int) -> None:
-        """Take the departing nodes that hold nothing any more out of the Raft group, then out of group0."""
-        for node_id in self._group0.read(core.removable_nodes):
-            if node_id == self._node_id:
-                log.warning("this node (%s) is decommissioned and holds no replica: it stops, so that the next "
-                            "leader takes it out of the Raft group", node_id)
-                self._leave()
-                return
-            raft_addr = self._group0.read(lambda s: s.nodes[node_id].raft if node_id in s.nodes else None)
-            if raft_addr is None:
-                continue
-            self._group0.remove_member(raft_addr, timeout=PROPOSE_TIMEOUT)
-            outcome = self._group0.propose(RemoveNode(cmd_id=uuid.uuid4().hex, term=term, node_id=node_id),
-                                           timeout=PROPOSE_TIMEOUT)
-            log.info("node %s removed from the cluster: %s", node_id, "done" if outcome.ok else outcome.error_message)
-
-    def _prepare_merge(self, table_id: str, term: int) -> None:
-        """Start the migrations a requested merge still needs (one per tablet at a time), or merge once none is."""
-        moves, moving = self._group0.read(lambda s: (resize.merge_moves(s, table_id),
-                                                     set(core.transitions_of_table(s, table_id))))
-        if not moves and not moving:
-            outcome = self._group0.propose(MergeTablets(cmd_id=uuid.uuid4().hex, term=term, table_id=table_id,
-                                                        id_seed=uuid.uuid4().hex), timeout=PROPOSE_TIMEOUT)
-            log.info("merge of table %s: %s", table_id, "done" if outcome.ok else outcome.error_message)
-            return
-        for tablet, leaving, pending in moves:
-            if tablet in moving:
-                continue
-            moving.add(tablet)
-            outcome = self._group0.propose(StartTabletMigration(
-                cmd_id=uuid.uuid4().hex, migration_id=uuid.uuid4().hex, table_id=table_id, tablet_id=tablet,
-                leaving_node=leaving.node, leaving_shard=leaving.shard, pending_node=pending.node,
-                pending_shard=pending.shard), timeout=PROPOSE_TIMEOUT)
-            if not outcome.ok:
-                log.info("merge of table %s: moving tablet %d refused: %s", table_id, tablet, outcome.error_message)
-
-    def _drive(self, transition: core.TabletTransition, term: int) -> None:
-        """One step of one migration, then its next stage proposed; the thread ends (the next round goes on)."""
-        try:
-            self._step(transition, term)
-            self._retry_after.pop(transition.migration_id, None)
-        except StepFailed as failure:
-            if failure.roll_back and transition.stage in core.CAN_ROLL_BACK:
-                log.warning("migration %s rolls back: %s", transition.migration_id, failure)
-                self._propose(transition, core.CLEANUP_TARGET, term, reason=str(failure))
-            else:
-                log.info("migration %s at %s: %s; retrying", transition.migration_id, transition.stage, failure)
-                self._retry_after[transition.migration_id] = time.monotonic() + RETRY_DELAY
-        except Exception as error:  # noqa: BLE001 - a step must not kill the driver
-            log.warning("migration %s at %s failed: %s", transition.migration_id, transition.stage, error)
-            self._retry_after[transition.migration_id] = time.monotonic() + RETRY_DELAY
-        finally:
+                deadline = self._clock() + ERROR_RETRY
             with self._cond:
-                self._active.pop(transition.migration_id, None)
-                self._woken = True
-                self._cond.notify_all()
+                while not self._stopping and not self._woken and not self._results:
+                    timeout = deadline - self._clock()
+                    if timeout <= 0:
+                        break
+                    self._cond.wait(timeout)
 
-    def _step(self, transition: core.TabletTransition, term: int) -> None:
-        self._hit_pause_point()
-        if self._leadership() != (True, term):
-            return  # deposed meanwhile: the next leader resumes
-        step = core.next_step(transition)
-        nodes, version, token_count, dead = self._group0.read(lambda s: (
-            core.barrier_nodes(s), s.schema_version, s.tablets[transition.table_id].tablet_count,
-            s.nodes.get(transition.leaving.node) is None or s.nodes[transition.leaving.node].state == NODE_REMOVING))
-        first, last = tablet_range(transition.tablet_id, token_count)
-        if step.action == core.BARRIER:
-            self._barrier(transition, nodes, version)
-        elif step.action == core.STREAM:
-            self._stream(transition, term, first, last, version)
-        elif step.action == core.CLEANUP_PENDING or (step.action == core.CLEANUP_LEAVING and not dead):
-            node = transition.leaving.node if step.action == core.CLEANUP_LEAVING else transition.pending.node
-            self._cleanup(transition, node, term, first, last, version)
-        self._propose(transition, step.to_stage, term)
+    def _round(self) -> float:
+        """Feed this round's events to the core and carry out what it says; when to run again at the latest."""
+        with self._cond:
+            results, self._results = self._results, []
+        events: list[core.Event] = [core.LeadershipChanged(*self._leadership()), *results]
+        wake_at = self._clock()
+        for _ in range(PASSES_PER_ROUND):
+            tick = core.Tick(self._clock())
+            instructions = self._group0.read(lambda s: self._core.handle(s, tick, *events))
+            events, wake_at = self._carry_out(instructions)
+            if not events:
+                break
+        else:
+            with self._cond:  # outcomes of this round's last proposals: the next round takes them first
+                self._results[:0] = events
+        return wake_at
 
-    def _barrier(self, transition: core.TabletTransition, nodes: list[str], version: int) -> None:
-        problems = self._calls.barrier(nodes, version, BARRIER_TIMEOUT)
-        if problems:
-            pending_lost = any(p.startswith(f"{transition.pending.node}:") for p in problems)
-            raise StepFailed(f"barrier at schema version {version} not confirmed by {'; '.join(problems)}",
-                             roll_back=pending_lost)
+    def _carry_out(self, instructions: list[core.Instruction]) -> tuple[list[core.Event], float]:
+        """Start steps, propose, log; the outcomes known at once (the next events) and when to wake."""
+        outcomes: list[core.Event] = []
+        wake_at = self._clock()
+        for instruction in instructions:
+            if isinstance(instruction, core.WakeAt):
+                wake_at = instruction.time
+                continue
+            outcome = self._INSTRUCTIONS[type(instruction)](self, instruction)
+            if outcome is not None:
+                outcomes.append(outcome)
+        return outcomes, wake_at
 
-    def _stream(self, transition: core.TabletTransition, term: int, first: int, last: int, version: int) -> None:
-        started = time.monotonic()
+    def _do_propose(self, instruction: core.Propose) -> core.Event:
+        return core.ProposalDone(instruction.epoch, instruction.command, self._propose(instruction.command))
+
+    def _do_remove_member(self, instruction: core.RemoveMember) -> core.Event:
         try:
-            rows = self._calls.stream(transition.pending.node, term, transition.migration_id, transition.table_id,
-                                      first, last, transition.stream_source.node, version)
-        except CoreError as error:
-            raise StepFailed(f"streaming to {transition.pending.node} failed: {error.message}", roll_back=True) from None
-        log.info("migration %s: streamed %d rows of tablet %d from %s to %s in %.2fs", transition.migration_id, rows,
-                 transition.tablet_id, transition.leaving, transition.pending, time.monotonic() - started)
+            self._group0.remove_member(instruction.raft_addr, timeout=PROPOSE_TIMEOUT)
+        except Exception as error:  # noqa: BLE001 - reported to the core, which retries later
+            return core.MemberRemoved(instruction.epoch, instruction.node_id, str(error) or type(error).__name__)
+        return core.MemberRemoved(instruction.epoch, instruction.node_id)
 
-    def _cleanup(self, transition: core.TabletTransition, node: str, term: int, first: int, last: int,
-                 version: int) -> None:
+    def _do_leave(self, _instruction: core.Leave) -> None:
+        self._leave()
+
+    def _do_log(self, instruction: core.Log) -> None:
+        getattr(log, instruction.level)("%s", instruction.message)
+
+    def _do_step(self, step: core.Step) -> core.Event | None:
+        if isinstance(step, core.HitPausePoint) and not self._pause_point_enabled():
+            return core.StepDone(step)  # nothing to wait for: no thread
+        threading.Thread(target=self._run_step, args=(step,), daemon=True,
+                         name=f"migration-{step.migration_id[:8]}-{step.action}").start()
+        return None
+
+    _INSTRUCTIONS = {core.Propose: _do_propose, core.RemoveMember: _do_remove_member, core.Leave: _do_leave,
+                     core.Log: _do_log, core.HitPausePoint: _do_step, core.RunBarrier: _do_step,
+                     core.RunStream: _do_step, core.RunCleanup: _do_step}
+
+    # ---------------------------------------------------------------- steps (each on a thread of its own)
+
+    def _run_step(self, step: core.Step) -> None:
         try:
-            self._calls.cleanup(node, term, transition.migration_id, transition.table_id, first, last, version)
-        except CoreError as error:
-            raise StepFailed(f"cleanup on {node} failed: {error.message}", roll_back=False) from None
+            failure = self._STEPS[type(step)](self, step)
+        except Exception as error:  # noqa: BLE001 - a step must not kill the driver
+            failure = core.CallError(f"{type(error).__name__}: {error}")
+        event = core.StepDone(step) if failure is None else core.StepFailed(step, failure)
+        with self._cond:
+            self._results.append(event)
+            self._cond.notify_all()
 
-    def _propose(self, transition: core.TabletTransition, to_stage: str, term: int, reason: str = "") -> None:
-        command = AdvanceTabletMigration(cmd_id=uuid.uuid4().hex, term=term, migration_id=transition.migration_id,
-                                         table_id=transition.table_id, tablet_id=transition.tablet_id,
-                                         from_stage=transition.stage, to_stage=to_stage, reason=reason)
-        outcome = self._group0.propose(command, timeout=PROPOSE_TIMEOUT)
-        if not outcome.ok:
-            raise StepFailed(f"proposing {to_stage} refused: {outcome.error_message}", roll_back=False)
-        if self._metrics is not None:
-            self._metrics.migration_stages.labels(to_stage).inc()
-            if to_stage in core.FINAL:
-                self._metrics.migrations_ended.labels(core.DONE if to_stage == core.END_MIGRATION
-                                                      else core.REVERTED).inc()
-        log.info("migration %s of tablet %d: %s -> %s", transition.migration_id, transition.tablet_id,
-                 transition.stage, to_stage)
-
-    def _hit_pause_point(self) -> None:
+    def _pause(self, _step: core.HitPausePoint) -> core.Failure | None:
         try:
-            self._injections.hit(PAUSE_POINT)
+            self._injections.hit(PAUSE_POINT)  # waits while the point is enabled in pause mode
         except InjectedFailure as failure:
-            raise StepFailed(f"injected failure at {PAUSE_POINT}: {failure}", roll_back=True) from None
+            return core.InjectedFault(failure.message)
+        return None
+
+    def _barrier(self, step: core.RunBarrier) -> core.Failure | None:
+        problems = self._calls.barrier(list(step.nodes), step.version, BARRIER_TIMEOUT)
+        return core.BarrierFailure(unconfirmed_by_node(step.nodes, problems)) if problems else None
+
+    def _stream(self, step: core.RunStream) -> core.Failure | None:
+        started = self._clock()
+        try:
+            rows = self._calls.stream(step.pending_node, step.term, step.migration_id, step.table_id,
+                                      step.first_token, step.last_token, step.source_node, step.version)
+        except StaleTerm as error:
+            return core.Fenced(step.pending_node, error.message)
+        except CoreError as error:
+            return core.StreamFailure(error.message)
+        log.info("migration %s: streamed %d rows of tablet %d from %s to %s in %.2fs", step.migration_id, rows,
+                 step.tablet_id, step.source_node, step.pending_node, self._clock() - started)
+        return None
+
+    def _cleanup(self, step: core.RunCleanup) -> core.Failure | None:
+        try:
+            self._calls.cleanup(step.node, step.term, step.migration_id, step.table_id, step.first_token,
+                                step.last_token, step.version)
+        except StaleTerm as error:
+            return core.Fenced(step.node, error.message)
+        except CoreError as error:
+            return core.CleanupFailure(step.node, error.message)
+        return None
+
+    _STEPS = {core.HitPausePoint: _pause, core.RunBarrier: _barrier, core.RunStream: _stream,
+              core.RunCleanup: _cleanup}
+
+    # ---------------------------------------------------------------- helpers
+
+    def _pause_point_enabled(self) -> bool:
+        point = self._injections.points().get(PAUSE_POINT)
+        return point is not None and point.enabled
+
+    def _propose(self, command: Command) -> CoreError | None:
+        """Propose with a fresh cmd_id; the typed refusal, if any (a failure to commit is `Unavailable`)."""
+        try:
+            outcome = self._group0.propose(dataclasses.replace(command, cmd_id=uuid.uuid4().hex),
+                                           timeout=PROPOSE_TIMEOUT)
+        except Exception as error:  # noqa: BLE001 - group0 unavailable or stopping: the core retries later
+            return Unavailable(f"proposing {type(command).__name__} failed: {error}")
+        if outcome.ok:
+            self._count(command)
+        return outcome.error
+
+    def _count(self, command: Command) -> None:
+        if self._metrics is None or not isinstance(command, AdvanceTabletMigration):
+            return
+        self._metrics.migration_stages.labels(command.to_stage).inc()
+        if command.to_stage in FINAL:
+            self._metrics.migrations_ended.labels(DONE if command.to_stage == END_MIGRATION else REVERTED).inc()
+
+
+def unconfirmed_by_node(nodes: tuple[str, ...], problems: list[str]) -> dict[str, str]:
+    """The barrier's "node: why" answers as node -> why (the longest node id a problem starts with)."""
+    unconfirmed = {}
+    for problem in problems:
+        node = max((n for n in nodes if problem.startswith(f"{n}: ")), key=len, default=None)
+        if node is None:
+            node, _, why = problem.partition(": ")
+        else:
+            why = problem[len(node) + 2:]
+        unconfirmed[node] = why
+    return unconfirmed

@@ -19,7 +19,7 @@ from coordinator.core.commands import (
     StartTabletMigration,
 )
 from coordinator.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from coordinator.core.migrations import resolve_move, stranded_tablets, transitions_of_table
+from coordinator.core.migrations import resolve_move, transitions_of_table
 from coordinator.core.tablets import removed_message
 from coordinator.core.tokens import tablet_range
 from vbcpb import vbc_pb2 as pb
@@ -156,12 +156,6 @@ class AdminService(rpc.AdminServicer):
     @unary
     def Decommission(self, request, context):
         self._deps.require_ready()
-        stranded = self._deps.read_state(lambda s: stranded_tablets(s, request.node_id) if request.dead else [])
-        if stranded:
-            shown = ", ".join(f"tablet {tablet} of {table}" for table, tablet in stranded[:5])
-            raise FailedPrecondition(f"node {request.node_id} holds the only replica of {len(stranded)} tablet(s) "
-                                     f"({shown}): its rows would be lost; bring the node back and decommission it "
-                                     "instead, or raise the RF first")
         outcome = self._deps.propose(DecommissionNode(cmd_id=uuid.uuid4().hex, node_id=request.node_id,
                                                       dead=request.dead))
         if not outcome.ok:

@@ -67,6 +67,9 @@ def build_plan(state, tasks: list[Task], node_id: str) -> BuildPlan:
     if base is None or base_map is None or not views:
         raise NotFound(f"the base table or views of tasks {', '.join(t.id for t in tasks)} were dropped")
     tablet = tasks[0].tablet_id
+    if all(t.id not in state.tasks for t in tasks) or tablet >= base_map.tablet_count:
+        raise NotFound(f"tasks {', '.join(t.id for t in tasks)} are gone (their tablet was split or merged, or their "
+                       "view dropped)")
     first, last = tablet_range(tablet, base_map.tablet_count)
     pair = position_of(state, base.id, tablet, node_id)
     if pair is None:
@@ -91,7 +94,11 @@ def routed_now(state, plan: BuildPlan, node_id: str) -> BuildPlan:
     once this node no longer holds the base tablet (its task was aborted or handed over)."""
     views = tuple(v for v in plan.views if v.id in state.tablets)
     tablet = plan.tablet_id
-    pair = position_of(state, plan.base.id, tablet, node_id) if plan.base.id in state.tablets else None
+    base_map = state.tablets.get(plan.base.id)
+    if base_map is None or tablet_range(tablet, base_map.tablet_count) != (plan.first_token, plan.last_token):
+        raise NotFound(f"tablet {tablet} of {plan.base.qualified_name} was split, merged or dropped: its tasks are "
+                       "others now")
+    pair = position_of(state, plan.base.id, tablet, node_id)
     if pair is None:
         raise NotFound(f"node {node_id} no longer holds tablet {tablet} of {plan.base.qualified_name}")
     return replace(plan, views=views, view_replicas={v.id: state.tablets[v.id].replicas for v in views},
@@ -141,6 +148,8 @@ class BuildJob:
     def __call__(self, start: StartBatch, control: BatchControl) -> int:
         self._injections.hit("worker_pause_build_range")
         self._injections.hit("worker_fail_build_range")
+        if control.cancelled.is_set():
+            raise BatchCancelled()  # its tasks went (a split or merge renamed them, say) while it waited
         plan = self._read_state(lambda s: build_plan(s, control.live_tasks(), self._node_id))
         self._wait_writes_before(plan.schema_version)
         started = time.perf_counter()

@@ -345,12 +345,33 @@ def _end(state: Group0State, transition: TabletTransition) -> None:
     if transition.kind == MOVE:
         view_building.recreate_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving,
                                              transition.pending, seed=seed)
+        if transition.source is not None:
+            _rebuild_lost_position(state, transition, old.index(transition.leaving))
     elif transition.kind == REMOVE:
         view_building.drop_aborted_tasks(state, transition.table_id, transition.tablet_id, transition.leaving)
     else:
         view_building.build_on_added_replica(state, transition.table_id, transition.tablet_id, transition.pending,
                                              seed=seed)
     _finish(state, transition, MigrationResult(DONE))
+
+
+def _rebuild_lost_position(state: Group0State, transition: TabletTransition, position: int) -> None:
+    """A dead replica was rebuilt from another position's replica (`source`): what only its position had is lost.
+
+    A base replica's undelivered view updates died with it, so the view replicas at its position get a build task
+    of every view from the new replica. A view replica's copy holds what the source's position had been fed when it
+    was copied, and the builds of its own position may have reached only the dead replica, so the base positions
+    feeding it deliver again (built views too: a build may have ended after the copy)."""
+    seed = derived_id(transition.migration_id, "lost")
+    table = state.tables[transition.table_id]
+    if table.view is None:
+        view_building.rebuild_replica(state, table.id, transition.tablet_id, transition.pending, seed)
+        return
+    base_map = state.tablets[table.view.base_id]
+    for tablet, replicas in enumerate(base_map.replicas):
+        feeder = replicas[feeder_position(position, feeding_count(replicas, transition_of(state, base_map.table_id,
+                                                                                          tablet)))]
+        view_building.ensure_task(state, table, tablet, feeder, seed)
 
 
 def _replicas_after(replicas: tuple[Replica, ...], transition: TabletTransition) -> tuple[Replica, ...]:
@@ -467,22 +488,28 @@ class PlannedMove:
 
 def replication_moves(state: Group0State, limit: int) -> list[PlannedMove]:
     """Up to `limit` transitions bringing tablets to their keyspace's RF, one per tablet at a time: an ADD on the
-    least loaded node (and shard) not holding the tablet, filled from its first replica; a REMOVE of the last."""
-    per_node, per_shard = replica_loads(state.tablets.values())
+    least loaded node (and shard) not holding the tablet, filled from its first replica on a live node (not one
+    being removed); a REMOVE of the last."""
+    loads = None  # counted once an ADD needs them
     planned: list[PlannedMove] = []
     for table in sorted(state.tables.values(), key=lambda t: (t.keyspace, t.id)):
         rf = state.keyspaces[table.keyspace].rf
+        if limit <= 0 or all(len(replicas) == rf for replicas in state.tablets[table.id].replicas):
+            continue
         for tablet, replicas in enumerate(state.tablets[table.id].replicas):
             if len(planned) >= limit:
                 return planned
             if (table.id, tablet) in state.transitions or len(replicas) == rf:
                 continue
             if len(replicas) > rf:
-                planned.append(PlannedMove(table.id, tablet, REMOVE, replicas[-1], replicas[-1]))
+                if any(state.nodes[r.node].state != NODE_REMOVING for r in replicas[:-1]):  # a live one stays
+                    planned.append(PlannedMove(table.id, tablet, REMOVE, replicas[-1], replicas[-1]))
                 continue
-            chosen = choose_replicas(state.nodes, 1, frozenset(r.node for r in replicas), per_node, per_shard)
-            if chosen:
-                planned.append(PlannedMove(table.id, tablet, ADD, replicas[0], chosen[0]))
+            source = next((r for r in replicas if state.nodes[r.node].state != NODE_REMOVING), None)
+            loads = loads or replica_loads(state.tablets.values())
+            chosen = choose_replicas(state.nodes, 1, frozenset(r.node for r in replicas), *loads)
+            if chosen and source is not None:
+                planned.append(PlannedMove(table.id, tablet, ADD, source, chosen[0]))
     return planned
 
 
@@ -492,8 +519,10 @@ def replication_moves(state: Group0State, limit: int) -> list[PlannedMove]:
 def drain_moves(state: Group0State, limit: int) -> list[PlannedMove]:
     """Up to `limit` moves of replicas off leaving or removing nodes (one per tablet at a time), each to the least
     loaded normal node not holding the tablet; a removing (dead) node's rows come from another replica."""
-    per_node, per_shard = replica_loads(state.tablets.values())
     leaving_nodes = {n.id for n in state.nodes.values() if n.state != NODE_NORMAL}
+    if not leaving_nodes or limit <= 0:
+        return []
+    per_node, per_shard = replica_loads(state.tablets.values())
     planned: list[PlannedMove] = []
     for table_id in sorted(state.tablets):
         for tablet, replicas in enumerate(state.tablets[table_id].replicas):
@@ -507,7 +536,7 @@ def drain_moves(state: Group0State, limit: int) -> list[PlannedMove]:
                 continue
             source = None
             if state.nodes[going[0].node].state == NODE_REMOVING:
-                survivors = [r for r in replicas if r.node not in leaving_nodes]
+                survivors = [r for r in replicas if state.nodes[r.node].state != NODE_REMOVING]  # leaving ones live
                 if not survivors:
                     continue  # no replica left to rebuild it from (see `stranded_tablets`)
                 source = survivors[0]
@@ -516,11 +545,20 @@ def drain_moves(state: Group0State, limit: int) -> list[PlannedMove]:
 
 
 def stranded_tablets(state: Group0State, node_id: str) -> list[tuple[str, int]]:
-    """(table id, tablet) of the tablets whose only replicas are on `node_id` or other departing nodes."""
-    departing = {n.id for n in state.nodes.values() if n.state != NODE_NORMAL} | {node_id}
+    """(table id, tablet) of the tablets whose only replicas are on `node_id` or nodes being removed (dead ones; a
+    replica an RF decrease is removing does not count either)."""
+    departing = {n.id for n in state.nodes.values() if n.state == NODE_REMOVING} | {node_id}  # a leaving one is up
     return [(table_id, tablet) for table_id, tablet_map in sorted(state.tablets.items())
             for tablet, replicas in enumerate(tablet_map.replicas)
-            if any(r.node == node_id for r in replicas) and all(r.node in departing for r in replicas)]
+            if any(r.node == node_id for r in replicas)
+            and all(r.node in departing for r in _staying(replicas, transition_of(state, table_id, tablet)))]
+
+
+def _staying(replicas: tuple[Replica, ...], transition: TabletTransition | None) -> tuple[Replica, ...]:
+    """The replicas of a tablet that stay: all but one an RF decrease is removing."""
+    if transition is not None and transition.kind == REMOVE:
+        return tuple(r for r in replicas if r != transition.leaving)
+    return replicas
 
 
 def removable_nodes(state: Group0State) -> list[str]:

@@ -15,7 +15,7 @@ from . import migrations, view_building
 from .commands import MergeTablets, RequestTabletMerge, SplitTablets
 from .errors import FailedPrecondition, InvalidArgument, NotFound
 from .ids import check_id
-from .schema import Replica, Table, TabletMap
+from .schema import NODE_NORMAL, Replica, Table, TabletMap
 from .tablets import MAX_TABLETS
 
 if TYPE_CHECKING:
@@ -58,8 +58,12 @@ def merge_tablets(state: Group0State, cmd: MergeTablets) -> int:
     if table.id not in state.merge_requests:
         raise FailedPrecondition(f"no merge of {table.qualified_name} was requested")
     _check_quiet(state, table, "merge")
-    if merge_moves(state, table.id):
+    if not pairs_co_located(state, table.id):
         raise FailedPrecondition(f"the tablet pairs of {table.qualified_name} do not share their replicas yet")
+    if not pairs_keep_positions(state, table.id) and table.view is not None and not view_building.is_built(state,
+                                                                                                          table.id):
+        raise FailedPrecondition(f"view {table.qualified_name} is being built and its tablet pairs hold their replicas "
+                                 "in another order: its tablets merge once it is built")
     migrations.record_term(state, cmd.term)
     state.merge_requests.discard(table.id)
     state.tablets[table.id] = TabletMap(table.id, tablet_map.replicas[::2])
@@ -70,11 +74,15 @@ def merge_tablets(state: Group0State, cmd: MergeTablets) -> int:
 
 def merge_moves(state: Group0State, table_id: str) -> list[Move]:
     """The migrations that put each tablet 2n+1 on the replicas of 2n: a replica on the same node first (a move
-    between shards), the others in order; at most the first pending move of each pair matters at a time."""
+    between shards), the others in order; at most the first pending move of each pair matters at a time. A pair
+    with a replica on a departing node, or whose halves have different replica counts, waits (none for it yet)."""
     replicas = state.tablets[table_id].replicas
+    departing = {n.id for n in state.nodes.values() if n.state != NODE_NORMAL}
     moves = []
     for even in range(0, len(replicas) - 1, 2):
         wanted, held = replicas[even], replicas[even + 1]
+        if len(wanted) != len(held) or any(r.node in departing for r in wanted + held):
+            continue  # an RF change or a drain reshapes the pair first (`migrations.replication_moves`, `drain_moves`)
         targets = [r for r in wanted if r not in held]
         leaving = [r for r in held if r not in wanted]
         for replica in sorted(leaving, key=lambda r: all(t.node != r.node for t in targets)):
@@ -82,6 +90,27 @@ def merge_moves(state: Group0State, table_id: str) -> list[Move]:
             targets.remove(target)
             moves.append((even + 1, replica, target))
     return moves
+
+
+def pairs_co_located(state: Group0State, table_id: str) -> bool:
+    """Whether every tablet 2n+1 holds the same replicas as 2n (in any order: tasks are merged by position)."""
+    replicas = state.tablets[table_id].replicas
+    return all(set(replicas[even]) == set(replicas[even + 1]) for even in range(0, len(replicas) - 1, 2))
+
+
+def pairs_keep_positions(state: Group0State, table_id: str) -> bool:
+    """Whether every tablet 2n+1 holds the replicas of 2n in the same order (a merge changes no pairing position)."""
+    replicas = state.tablets[table_id].replicas
+    return all(replicas[even] == replicas[even + 1] for even in range(0, len(replicas) - 1, 2))
+
+
+def can_merge(state: Group0State, table_id: str) -> bool:
+    """Whether `MergeTablets` would be taken now (the driver's question): the pairs share their replicas, and a view
+    being built keeps its positions (a view replica at another position of the merged tablet would be fed by another
+    base position, whose build may already have passed it by)."""
+    table = state.tables[table_id]
+    return pairs_co_located(state, table_id) and not migrations.transitions_of_table(state, table_id) and (
+        table.view is None or view_building.is_built(state, table_id) or pairs_keep_positions(state, table_id))
 
 
 def forget_table(state: Group0State, table_id: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from . import migrations
 from .commands import DecommissionNode, RegisterNode, RemoveNode
 from .errors import FailedPrecondition, InvalidArgument
 from .ids import check_name
@@ -74,6 +75,12 @@ def decommission_node(state: Group0State, cmd: DecommissionNode) -> str:
         keyspace = max(state.keyspaces.values(), key=lambda k: k.rf)
         raise FailedPrecondition(f"without node {node.id}, {len(remaining)} node(s) would be left for keyspace "
                                  f"{keyspace.name!r} with rf {keyspace.rf}: add a node or lower its RF first")
+    stranded = migrations.stranded_tablets(state, node.id) if cmd.dead else []
+    if stranded:
+        shown = ", ".join(f"tablet {tablet} of {state.tables[table].qualified_name}" for table, tablet in stranded[:5])
+        raise FailedPrecondition(f"node {node.id} holds the only replica of {len(stranded)} tablet(s) ({shown}): its "
+                                 "rows would be lost; bring the node back and decommission it instead, or raise the RF "
+                                 "first")
     state.nodes[node.id] = Node(node.id, node.grpc, node.raft, node.shards,
                                 NODE_REMOVING if cmd.dead else NODE_LEAVING)
     state.schema_version += 1

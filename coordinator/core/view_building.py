@@ -155,6 +155,19 @@ def build_on_added_replica(state: Group0State, base_id: str, tablet_id: int, rep
             create_build_tasks(state, view, seed, {tablet_id: [replica]})
 
 
+def rebuild_replica(state: Group0State, base_id: str, tablet_id: int, replica: Replica, seed: str) -> None:
+    """Every view of the base gets a task on `replica` of the tablet (built views too: they are rebuilt there)."""
+    for view in state.views_of(base_id):
+        ensure_task(state, view, tablet_id, replica, seed)
+
+
+def ensure_task(state: Group0State, view: Table, tablet_id: int, replica: Replica, seed: str) -> None:
+    """A live task of `view` on `replica` of base tablet `tablet_id`: the one it has, or a new one."""
+    if not any((t.view_id, t.tablet_id, t.replica) == (view.id, tablet_id, replica) and not t.aborted
+               for t in state.tasks.values()):
+        create_build_tasks(state, view, seed, {tablet_id: [replica]})
+
+
 def split_tasks(state: Group0State, base_id: str, seed: str) -> None:
     """Each task of tablet n of `base_id` becomes a task of 2n and one of 2n+1 (same replica, new ids)."""
     for task in [t for t in state.tasks.values() if t.base_id == base_id]:

@@ -1,0 +1,40 @@
+"""Seeded schedules of the data simulation (tests/topology_sim.py): exact through every topology change."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+
+from .topology_sim import Simulation
+
+CHUNKS = 20
+SEEDS = int(os.environ.get("VBC_TOPOLOGY_SIM_SEEDS", "2000"))  # more with VBC_TOPOLOGY_SIM_SEEDS=N
+STEPS = 120
+EXERCISED = ("writes", "late writes", "deletes", "writes retried", "views created", "batches finished",
+             "batches failed", "reads checked", "read ranges re-planned", "splits", "merges requested",
+             "proposed MergeTablets", "rf changes", "operator moves", "nodes added", "nodes decommissioned",
+             "nodes removed (dead)", "members removed", "leader changes", "barriers not confirmed", "streams failed",
+             "cleanups of a pending replica", "proposed AdvanceTabletMigration", "stale steps fenced",
+             "step answers lost", "schedules checked")
+
+
+def run_seeds(seeds, stats: Counter) -> None:
+    for seed in seeds:
+        try:
+            Simulation(seed, stats).run(STEPS)
+        except AssertionError as error:
+            raise AssertionError(f"schedule seed {seed}: {error}") from error
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_every_replica_equals_its_function_of_the_base_after_random_schedules(chunk):
+    run_seeds(range(chunk, SEEDS, CHUNKS), Counter())
+
+
+def test_the_schedules_exercise_every_operation_and_fault():
+    stats: Counter = Counter()
+    run_seeds(range(100_000, 100_060), stats)
+    never = [kind for kind in EXERCISED if not stats[kind]]
+    print("\n".join(f"{kind}: {count}" for kind, count in sorted(stats.items())))
+    assert not never, f"never exercised: {never}"
