@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 PROTO_GEN = $(PYTHON) -m grpc_tools.protoc -Iproto --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) proto/vbcpb/vbc.proto
 
-.PHONY: venv test test-fast lint demo proto check-proto bench clean
+.PHONY: venv test test-fast lint demo proto check-proto bench soak clean
 
 venv: $(STAMP)
 
@@ -45,6 +45,11 @@ check-proto: venv
 
 bench: venv
 	$(PYTHON) bench/write_path.py
+
+# A soak test, not part of `make test`: MINUTES (default 10) of seeded random writes, DDL and topology changes on a
+# real 3-4 node cluster, then exact checks (bench/soak.py). SEED defaults to a random one, printed with the result.
+soak: venv
+	$(PYTHON) bench/soak.py --minutes $(or $(MINUTES),10) $(if $(SEED),--seed $(SEED))
 
 clean:
 	rm -rf $(VENV)

@@ -110,7 +110,7 @@ class AdminService(rpc.AdminServicer):
             move = moves.get(tablet_id)
             if move is not None:
                 info.stage, info.leaving, info.pending = move.stage, str(move.leaving), str(move.pending)
-                info.migration_id = move.migration_id
+                info.migration_id, info.reason = move.migration_id, move.reason
             response.tablets.append(info)
         return response
 
@@ -286,7 +286,7 @@ def _resolved_move(state, keyspace: str, name: str, request):
 
 
 def migration_info(state, migration_id: str) -> pb.MigrationInfo:
-    """Where a migration is, from group0: in progress (with its stage), done, reverted, or unknown."""
+    """Where a migration is, from group0: in progress (its stage, why if it rolls back), done, reverted, or unknown."""
     info = pb.MigrationInfo(migration_id=migration_id, state="unknown")
     transition = next((t for t in state.transitions.values() if t.migration_id == migration_id), None)
     if transition is not None:
@@ -294,7 +294,7 @@ def migration_info(state, migration_id: str) -> pb.MigrationInfo:
         info.state, info.stage = "in_progress", transition.stage
         info.table = table.qualified_name if table is not None else transition.table_id
         info.tablet, info.leaving, info.pending = transition.tablet_id, str(transition.leaving), str(transition.pending)
-        info.kind = transition.kind
+        info.kind, info.reason = transition.kind, transition.reason
         return info
     result = state.migration_results.get(migration_id)
     if result is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -979,9 +979,12 @@ class NodeStore:
         with self._read() as conn:
             return conn.execute(sa.select(sa.func.max(self._outbox.c.id))).scalar_one() or 0
 
-    def outbox_holds_upto(self, upto_id: int) -> bool:
-        """Whether an unacknowledged entry with an id up to `upto_id` is left."""
-        statement = sa.select(self._outbox.c.id).where(self._outbox.c.id <= upto_id).limit(1)
+    def outbox_holds_upto(self, upto_id: int, except_targets: Collection[str] = ()) -> bool:
+        """Whether an unacknowledged entry with an id up to `upto_id` is left (not counting `except_targets`)."""
+        statement = sa.select(self._outbox.c.id).where(self._outbox.c.id <= upto_id)
+        if except_targets:
+            statement = statement.where(self._outbox.c.target.notin_(list(except_targets)))
+        statement = statement.limit(1)
         with self._read() as conn:
             return conn.execute(statement).first() is not None
 

@@ -318,6 +318,12 @@ def test_status_dict_has_the_documented_shape():
 def test_tablet_dict_has_the_documented_shape():
     tablet = pb.TabletInfo(tablet=1, first_token=-5, last_token=9, replicas=["n1:0", "n2:1"])
     assert client.tablet_to_dict(tablet) == {"tablet": 1, "first_token": -5, "last_token": 9, "replicas": ["n1:0", "n2:1"]}
+    tablet.stage, tablet.leaving, tablet.pending, tablet.migration_id = "streaming", "n1:0", "n3:0", "m1"
+    assert client.tablet_to_dict(tablet)["reason"] is None
+    tablet.stage, tablet.reason = "cleanup_target", "streaming to n3:0 failed: boom"
+    assert client.tablet_to_dict(tablet) == {
+        "tablet": 1, "first_token": -5, "last_token": 9, "replicas": ["n1:0", "n2:1"], "stage": "cleanup_target",
+        "leaving": "n1:0", "pending": "n3:0", "migration_id": "m1", "reason": "streaming to n3:0 failed: boom"}
 
 
 def test_status_rendering_names_nodes_and_views():
@@ -340,6 +346,55 @@ def test_status_rendering_shows_a_failed_spark_start():
     console = Console(width=200, record=True, file=open(os.devnull, "w"))
     console.print(cli.render_status(client.status_to_dict(status)))
     assert "n1: spark failed: ValueError: no java" in console.export_text()
+
+
+def rolling_back_migration() -> pb.MigrationInfo:
+    return pb.MigrationInfo(migration_id="m1", state="in_progress", stage="cleanup_target", table="ks.t", tablet=1,
+                            leaving="n1:0", pending="n3:0", kind="move", reason="streaming to n3:0 failed: boom")
+
+
+def test_status_shows_why_a_migration_rolls_back():
+    from rich.console import Console
+
+    status = sample_status()
+    status.migrations.extend([rolling_back_migration(), pb.MigrationInfo(
+        migration_id="m2", state="in_progress", stage="streaming", table="ks.t", tablet=2, leaving="n2:0",
+        pending="n1:1", kind="move", rows_streamed=1200)])
+    document = client.status_to_dict(status)
+    assert [m["reason"] for m in document["migrations"]] == ["streaming to n3:0 failed: boom", None]
+    json.dumps(document)
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console.print(cli.render_status(document))
+    lines = console.export_text().splitlines()
+    assert any("reason" in line for line in lines)
+    assert any("cleanup_target" in line and "streaming to n3:0 failed: boom" in line for line in lines)
+    assert any("streaming" in line and "1,200" in line and "boom" not in line for line in lines)
+
+
+def test_status_has_no_reason_column_while_no_migration_rolls_back():
+    from vbc.render import status_migrations_table
+
+    migration = client.migration_to_dict(rolling_back_migration())
+    migration.update(stage="streaming", reason=None)
+    assert [c.header for c in status_migrations_table([migration]).columns][-1] == "rows streamed"
+
+
+def test_tablets_table_shows_why_a_move_rolls_back():
+    from rich.console import Console
+
+    from vbc.render import tablets_table
+
+    tablets = [client.tablet_to_dict(pb.TabletInfo(tablet=0, first_token=-10, last_token=-1, replicas=["n1:0"],
+                                                   stage="cleanup_target", leaving="n1:0", pending="n3:0",
+                                                   migration_id="m1", reason="streaming to n3:0 failed: boom")),
+               client.tablet_to_dict(pb.TabletInfo(tablet=1, first_token=0, last_token=10, replicas=["n2:0"],
+                                                   stage="streaming", leaving="n2:0", pending="n1:1",
+                                                   migration_id="m2"))]
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console.print(tablets_table("ks.t", tablets))
+    text = console.export_text()
+    assert "n1:0 -> n3:0 (cleanup_target: streaming to n3:0 failed: boom)" in text
+    assert "n2:0 -> n1:1 (streaming)" in text
 
 
 # ------------------------------------------------------------------ ports and layout

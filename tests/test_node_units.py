@@ -234,6 +234,48 @@ def test_vbc_inject_shows_the_refusal_and_lists_with_a_note(admin_nodes, capsys)
     assert "read.replica.scan" in (out := capsys.readouterr().out) and "disabled on" not in out
 
 
+# ------------------------------------------------------------------ Admin: a migration that rolls back
+
+
+def rolling_back_state():
+    """A group0 state whose tablet 1 rolls back from streaming (cleanup_target, with a reason); the migration's id."""
+    from coordinator.core import migrations as m
+    from tests.test_tablet_migrations import advance, other_node, run_to, start, two_node_table
+
+    state, table_id = two_node_table()
+    leaving, migration_id = state.tablets[table_id].replicas[1][0], uuid.uuid4().hex
+    assert start(state, table_id, 1, leaving, other_node(state, leaving), migration_id=migration_id).ok
+    run_to(state, table_id, 1, "streaming")
+    assert advance(state, m.transition_of(state, table_id, 1), "cleanup_target", reason="stream failed: boom").ok
+    return state, migration_id
+
+
+def test_migration_info_tells_why_a_migration_in_progress_rolls_back():
+    from node.admin_service import migration_info
+
+    state, migration_id = rolling_back_state()
+    info = migration_info(state, migration_id)
+    assert (info.state, info.stage, info.reason) == ("in_progress", "cleanup_target", "stream failed: boom")
+    assert migration_info(state, "unknown-id").reason == ""
+
+
+def test_admin_tablets_tells_why_a_move_rolls_back():
+    from node.admin_service import AdminDeps, AdminService
+    from vbcpb import vbc_pb2 as pb
+
+    state, migration_id = rolling_back_state()
+    service = AdminService(AdminDeps(node_id="n1", read_state=lambda read: read(state), raft_status=dict,
+                                     require_ready=lambda: None, probe=lambda _: None, injections=Injections(),
+                                     catch_up=lambda: None, check_view=None, clock=lambda: 0.0))
+    try:
+        tablets = service.Tablets(pb.TabletsRequest(table="ks.t"), None)
+    finally:
+        service.close()
+    moving, still = tablets.tablets[1], tablets.tablets[0]
+    assert (moving.stage, moving.migration_id, moving.reason) == ("cleanup_target", migration_id, "stream failed: boom")
+    assert (still.stage, still.reason) == ("", "")
+
+
 def test_worker_metrics_export_the_phases_the_spark_state_and_failing_views():
     from prometheus_client import generate_latest
 

@@ -560,7 +560,8 @@ def check(addr_or_addrs, view: str, max_examples: int = 5, timeout: float = 600.
 
 
 def tablet_to_dict(tablet: pb.TabletInfo) -> dict:
-    """The tablet's range and replicas; while it moves, also its stage, leaving and pending replica and migration."""
+    """The tablet's range and replicas; while it moves, also its stage, leaving and pending replica, migration and
+    the reason it rolls back (None unless it does)."""
     info = {
         "tablet": tablet.tablet,
         "first_token": tablet.first_token,
@@ -569,7 +570,7 @@ def tablet_to_dict(tablet: pb.TabletInfo) -> dict:
     }
     if tablet.stage:
         info.update(stage=tablet.stage, leaving=tablet.leaving, pending=tablet.pending,
-                    migration_id=tablet.migration_id)
+                    migration_id=tablet.migration_id, reason=tablet.reason or None)
     return info
 
 

@@ -55,10 +55,17 @@ def tablets_table(table: str, tablets: list[dict]) -> Table:
         row = [cell(tablet["tablet"]), cell(tablet["first_token"]), cell(tablet["last_token"]),
                Text(", ".join(tablet["replicas"]))]
         if moving:
-            row.append(Text(f"{tablet['leaving']} -> {tablet['pending']} ({tablet['stage']})" if tablet.get("stage")
-                            else ""))
+            row.append(Text(tablet_migration_cell(tablet)))
         rendered.add_row(*row)
     return rendered
+
+
+def tablet_migration_cell(tablet: dict) -> str:
+    """"leaving -> pending (stage)", with the reason after the stage while the move rolls back; "" if it stays."""
+    if not tablet.get("stage"):
+        return ""
+    because = f": {tablet['reason']}" if tablet.get("reason") else ""
+    return f"{tablet['leaving']} -> {tablet['pending']} ({tablet['stage']}{because})"
 
 
 INJECTION_COLUMNS = ("name", "enabled", "mode", "default_mode", "one_shot", "hits")
@@ -200,16 +207,21 @@ def render_status(document: dict) -> Group:
 
 
 def status_migrations_table(migrations: list[dict]) -> Table:
-    """Tablet migrations in progress: which replica goes where, the stage, rows streamed and their rate."""
+    """Tablet migrations in progress: which replica goes where, the stage, rows streamed and their rate, and (a column
+    shown once one rolls back) why it rolls back."""
     table = Table(title="tablet migrations", title_justify="left")
     for column in ("table", "tablet", "kind", "from", "to", "stage", "rows streamed"):
         table.add_column(column, no_wrap=True)
+    rolling_back = any(migration.get("reason") for migration in migrations)
+    if rolling_back:
+        table.add_column("reason", style="yellow")
     for migration in migrations:
         rate = f" ({migration['rows_per_s']:,.0f}/s)" if migration.get("rows_per_s") else ""
-        table.add_row(cell(migration["table"]), cell(migration["tablet"]), cell(migration.get("kind") or "move"),
-                      cell(migration["leaving"] if migration.get("kind") != "add" else ""),
-                      cell(migration["pending"] if migration.get("kind") != "remove" else ""),
-                      cell(migration["stage"]), Text(f"{migration.get('rows_streamed', 0):,}{rate}"))
+        row = [cell(migration["table"]), cell(migration["tablet"]), cell(migration.get("kind") or "move"),
+               cell(migration["leaving"] if migration.get("kind") != "add" else ""),
+               cell(migration["pending"] if migration.get("kind") != "remove" else ""),
+               cell(migration["stage"]), Text(f"{migration.get('rows_streamed', 0):,}{rate}")]
+        table.add_row(*row, *([Text(migration.get("reason") or "")] if rolling_back else []))
     return table
 
 

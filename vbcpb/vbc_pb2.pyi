@@ -379,7 +379,7 @@ class TabletsRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ...) -> None: ...
 
 class TabletInfo(_message.Message):
-    __slots__ = ("tablet", "first_token", "last_token", "replicas", "stage", "leaving", "pending", "migration_id")
+    __slots__ = ("tablet", "first_token", "last_token", "replicas", "stage", "leaving", "pending", "migration_id", "reason")
     TABLET_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -388,6 +388,7 @@ class TabletInfo(_message.Message):
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     tablet: int
     first_token: int
     last_token: int
@@ -396,7 +397,8 @@ class TabletInfo(_message.Message):
     leaving: str
     pending: str
     migration_id: str
-    def __init__(self, tablet: _Optional[int] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., stage: _Optional[str] = ..., leaving: _Optional[str] = ..., pending: _Optional[str] = ..., migration_id: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, tablet: _Optional[int] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., stage: _Optional[str] = ..., leaving: _Optional[str] = ..., pending: _Optional[str] = ..., migration_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TabletsResponse(_message.Message):
     __slots__ = ("table", "tablets", "table_id")

@@ -87,6 +87,11 @@ def decommission_node(state: Group0State, cmd: DecommissionNode) -> str:
     return state.nodes[node.id].state
 
 
+def dead_nodes(state: Group0State) -> frozenset[str]:
+    """Nodes declared dead (being removed) or removed: nothing sent to them can arrive."""
+    return frozenset(n.id for n in state.nodes.values() if n.state == NODE_REMOVING) | frozenset(state.removed_nodes)
+
+
 def remove_node(state: Group0State, cmd: RemoveNode) -> None:
     """Forget a decommissioned node that holds no replica and takes part in no migration."""
     node = state.nodes.get(cmd.node_id)
