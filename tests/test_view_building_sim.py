@@ -20,7 +20,7 @@ schedule must build every view. Checked at every step:
   a shard already running a batch, never twice for one task at once;
 - every batch a loop sends shares type, base, replica and tablet, one task per view, none it holds as finished;
 - `LeaderLoop.validate()` after every event it handles;
-- tablets move meanwhile (`coordinator.core.migrations`): migrations start, the leader's driver (the real `next_step`
+- tablets move meanwhile (`coordinator.core.migrations`): migrations start, the leader's driver (the real `stage_actions`
   and `AdvanceTabletMigration`) advances them, streams fail and roll back, stale drivers' commands are refused;
   tables split, and merge after the driver's co-locating moves (`coordinator.core.resize`);
   when a view is BUILT, every pairing position of every tablet of its base had a finished task of the view (view
@@ -68,6 +68,7 @@ from coordinator.core.leader_loop import (
     Tick,
 )
 from coordinator.core import migrations, resize
+from coordinator.core.migration_loop import BARRIER, STREAM, stage_actions
 from coordinator.core.planner import Backoff
 from coordinator.core.schema import BUILD_SUCCESS
 from coordinator.core.state import Group0State
@@ -302,12 +303,12 @@ class Simulation:
         if not drivers:
             return
         driver = rng.choice(drivers) if faults else self.nodes[self.leader]
-        step = migrations.next_step(transition)
-        to_stage, reason = step.to_stage, ""
-        if faults and step.action == migrations.BARRIER and rng.random() < 0.2:
+        actions = stage_actions(transition, lambda node: False)
+        to_stage, reason = migrations.NEXT_STAGE[transition.stage], ""
+        if faults and BARRIER in actions and rng.random() < 0.2:
             self.stats["migration barriers retried"] += 1
             return
-        if faults and step.action == migrations.STREAM and rng.random() < 0.3:
+        if faults and STREAM in actions and rng.random() < 0.3:
             to_stage, reason = migrations.CLEANUP_TARGET, "stream failed"
             self.stats["migrations rolled back"] += 1
         newest = self.truth._migration_term

@@ -408,37 +408,6 @@ def new_results() -> OrderedDict[str, MigrationResult]:
     return OrderedDict()
 
 
-# ------------------------------------------------------------------ what the leader's driver does next
-
-BARRIER = "barrier"  # every node applied the stage and finished the writes begun before it
-STREAM = "stream"  # the pending replica pulls the tablet's rows from the leaving one
-CLEANUP_LEAVING = "cleanup_leaving"  # the leaving replica drops the tablet's rows
-CLEANUP_PENDING = "cleanup_pending"  # the pending replica drops what it received
-ADVANCE = "advance"  # nothing to do but propose the next stage
-
-
-@dataclass(frozen=True)
-class Step:
-    """The driver's next action for a migration, and the stage to propose once it succeeded."""
-
-    action: str
-    to_stage: str
-
-
-def next_step(transition: TabletTransition) -> Step:
-    """What the leader does for `transition` in its current stage (a failed STREAM rolls back instead)."""
-    stage, moves = transition.stage, transition.moves_data
-    to_stage = NEXT_STAGE[stage]
-    if stage == STREAMING:
-        return Step(STREAM if moves else ADVANCE, to_stage)
-    if stage == CLEANUP:
-        leaves = transition.kind == REMOVE or (transition.kind == MOVE and moves)
-        return Step(CLEANUP_LEAVING if leaves else ADVANCE, to_stage)
-    if stage == CLEANUP_TARGET:
-        return Step(CLEANUP_PENDING if moves else ADVANCE, to_stage)
-    return Step(BARRIER, to_stage)
-
-
 # ------------------------------------------------------------------ a move as an operator names it
 
 
