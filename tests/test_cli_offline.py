@@ -865,3 +865,12 @@ def test_a_command_starts_without_the_data_plane_libraries():
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_restarted_node_joins_through_the_members_of_now_not_those_it_first_joined_through():
+    from vbc.cluster import joining_current_members
+    node = {"id": "n4", "grpc": "h:4", "command": ["vbc", "node", "start", "--id", "n4", "--join", "h:1,h:2", "--x"]}
+    cluster = {"nodes": [{"id": "n3", "grpc": "h:3"}, node, {"id": "n5", "grpc": "h:5"}]}
+    assert joining_current_members(node, cluster) == ["vbc", "node", "start", "--id", "n4", "--join", "h:3,h:5", "--x"]
+    plain = {"id": "n1", "grpc": "h:1", "command": ["vbc", "node", "start", "--peers", "x"]}
+    assert joining_current_members(plain, cluster) == plain["command"]

@@ -679,6 +679,7 @@ def start_node(data_dir: Path | str, node_id: str, timeout: float = START_TIMEOU
             port = int(node[role].rsplit(":", 1)[1])
             if not port_is_free(port):
                 raise ClusterError(f"port {port} ({node_id} {role}) is already in use")
+        node["command"] = joining_current_members(node, cluster)
         node["pid"] = spawn(node, die_with_parent)
         save_cluster(data_dir, cluster)
     try:
@@ -688,6 +689,16 @@ def start_node(data_dir: Path | str, node_id: str, timeout: float = START_TIMEOU
         update_pid(data_dir, node_id, None)
         raise
     return node["pid"]
+
+
+def joining_current_members(node: dict, cluster: dict) -> list[str]:
+    """The node's command, its `--join` naming the cluster's members now: the ones it joined through may have left."""
+    command = list(node["command"])
+    if "--join" not in command:
+        return command
+    at = command.index("--join") + 1
+    command[at] = ",".join(n["grpc"] for n in cluster["nodes"] if n["id"] != node["id"])
+    return command
 
 
 def add_node(data_dir: Path | str, shards: int | None = None, timeout: float = START_TIMEOUT,
