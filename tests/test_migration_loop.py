@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 
@@ -56,6 +55,7 @@ from coordinator.core.migration_loop import (
 from coordinator.core.schema import Replica
 from coordinator.core.state import Group0State
 from coordinator.tablet_migration import MigrationCalls, MigrationDriver, unconfirmed_by_node
+from tests.cluster_harness import wait_until
 from tests.fakes import FakeGroup0
 from tests.test_core_state import cluster, make_table
 
@@ -766,11 +766,8 @@ def run_driver(state: Group0State, calls: FakeCalls, injections: Injections | No
                              injections=injections, retry_delay=0.05)
     driver.start()
     try:
-        deadline = time.monotonic() + timeout
         until = until or (lambda: not group0.read(lambda s: s.transitions))
-        while not until():
-            assert time.monotonic() < deadline, group0.read(lambda s: dict(s.transitions))
-            time.sleep(0.01)
+        wait_until(until, timeout, message="the driver's migrations to end", interval=0.01)
     finally:
         driver.stop()
     return group0
