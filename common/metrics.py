@@ -29,6 +29,9 @@ class NodeMetrics:
         self.view_updates_deferred = Counter("vbc_view_updates_deferred_total",
                                              "View mutations whose delivery failed and stay queued in the outbox",
                                              registry=r)
+        self.view_updates_dropped = Counter("vbc_view_updates_dropped_total",
+                                            "Queued view mutations dropped because their node was removed from the "
+                                            "cluster", registry=r)
         self.outbox_pending = Gauge("vbc_outbox_pending", "View mutations waiting in this node's outbox", registry=r)
         self.raft_term = Gauge("vbc_raft_term", "Current group0 Raft term", registry=r)
         self.raft_applied = Gauge("vbc_raft_applied_index", "group0 commands applied on this node", registry=r)

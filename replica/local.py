@@ -60,7 +60,8 @@ class LocalData:
                  read_outbox_version_1: Callable[[bytes], RowBatch] | None = None):
         self.node_id = node_id
         self.tables = LocalTables(store, schema.read)
-        self.outbox = ViewUpdateOutbox(store, self._send_view_update, metrics, read_outbox_version_1)
+        self.outbox = ViewUpdateOutbox(store, self._send_view_update, metrics, read_outbox_version_1,
+                                       removed_nodes=lambda: schema.read(lambda s: frozenset(s.removed_nodes)))
         self._schema = schema
         self._transport = transport
         self._injections = injections

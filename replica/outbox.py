@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -41,9 +41,11 @@ class ViewUpdateOutbox:
     """
 
     def __init__(self, store: NodeStore, send: SendViewUpdate, metrics: NodeMetrics,
-                 read_version_1: Callable[[bytes], RowBatch] | None = None):
+                 read_version_1: Callable[[bytes], RowBatch] | None = None,
+                 removed_nodes: Callable[[], Collection[str]] = frozenset):
         self._store = store
         self._send = send
+        self._removed_nodes = removed_nodes
         self._metrics = metrics
         self._read_version_1 = read_version_1
         self._delivering: set[int] = set()
@@ -65,8 +67,10 @@ class ViewUpdateOutbox:
     def flush(self, max_pages: int = 20) -> None:
         """Retry pending view updates target by target, oldest first; an unreachable target is left at once.
 
-        Paging per target means entries queued for a node that is down never hold up the others.
+        Paging per target means entries queued for a node that is down never hold up the others. Entries for a
+        node removed from the cluster are dropped (`drop_removed_targets`).
         """
+        self.drop_removed_targets()
         for target in sorted(self._store.outbox_targets()):
             after_id = 0
             for _ in range(max_pages):
@@ -77,6 +81,23 @@ class ViewUpdateOutbox:
                 unclaimed = self._unclaimed(page)  # a write delivering its own entries right now needs no help
                 if unclaimed and self.deliver(self._readable(unclaimed)):
                     break
+
+    def drop_removed_targets(self) -> int:
+        """Delete the entries addressed to nodes removed from the cluster; how many went.
+
+        Such a node never comes back, and the view replicas it held were rebuilt from the base on their new nodes
+        (a build reads the base rows these updates came from), so nothing else can ever take them.
+        """
+        gone = set(self._removed_nodes()) & self._store.outbox_targets()
+        dropped = 0
+        for target in sorted(gone):
+            count = self._store.outbox_drop_target(target)
+            dropped += count
+            log.warning("dropped %d view update(s) queued for node %s, which was removed from the cluster "
+                        "(its view replicas were rebuilt elsewhere)", count, target)
+        if dropped:
+            self._metrics.view_updates_dropped.inc(dropped)
+        return dropped
 
     def _deliver_group(self, target: str, group: list[QueuedViewUpdate]) -> bool:
         try:

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from common.arrow_tokens import tablets_of, tokens_of
 from common.replica_messages import RowBatch
-from coordinator.core.migrations import feeding_count, is_filling, paired_targets
+from coordinator.core.migrations import feeding_count, feeds_no_view, paired_targets
 from coordinator.core.schema import Filter, Replica, Table
 from coordinator.core.tokens import tablet_range
 from storage.arrow_layouts import arrow_type, mutation_schema, ts_column_name, value_column_name
@@ -168,13 +168,13 @@ def _array(column) -> pa.Array:
 
 def _pairs(context: WriteContext, node_id: str, tokens: np.ndarray) -> np.ndarray:
     """This node's position among the replicas of each row's base tablet; -1 where this node is a pending replica
-    still being filled (it makes no view updates there: `replica.view_updates`)."""
+    still being filled or a replica being removed (it makes no view updates there: `replica.view_updates`)."""
     count = len(context.base_replicas)
     tablets = tablets_of(tokens, count)
     positions = np.zeros(count, dtype=np.int64)
     for tablet in np.unique(tablets).tolist():
         positions[tablet] = pair_index(context, node_id, tablet_range(tablet, count)[0])
-        if is_filling(context.base_moves.get(tablet), node_id):
+        if feeds_no_view(context.base_moves.get(tablet), node_id):
             positions[tablet] = -1
     return positions[tablets]
 

@@ -15,7 +15,7 @@ from coordinator.core.errors import Unavailable
 from coordinator.core.migrations import (
     TabletTransition,
     feeding_count,
-    is_filling,
+    feeds_no_view,
     paired_targets,
     position_in,
     transitions_of_table,
@@ -71,8 +71,8 @@ def view_updates(context: WriteContext, node_id: str, old: Row | None, new: Row)
     """
     pair = pair_index(context, node_id, new.token)
     tablet = tablet_of(new.token, len(context.base_replicas))
-    if is_filling(context.base_moves.get(tablet), node_id):
-        return []  # the leaving replica, whose rows are complete, makes them
+    if feeds_no_view(context.base_moves.get(tablet), node_id):
+        return []  # a filling replica's leaving one makes them; a removed replica's view position is fed by position 0
     base_count = feeding_count(context.base_replicas[tablet], context.base_moves.get(tablet))
     old_values, new_values = visible_row(context.table, old), visible_row(context.table, new)
     return [update

@@ -974,6 +974,11 @@ class NodeStore:
                 chunk = ids[start:start + MAX_PARAMS_PER_STATEMENT]
                 conn.execute(self._outbox.delete().where(self._outbox.c.id.in_(chunk)))
 
+    def outbox_drop_target(self, target: str) -> int:
+        """Delete every entry addressed to `target`; how many there were."""
+        with self._write_transaction() as conn:
+            return conn.execute(self._outbox.delete().where(self._outbox.c.target == target)).rowcount
+
     def outbox_last_id(self) -> int:
         """The id of the newest outbox entry ever queued that is still there, 0 when the outbox is empty."""
         with self._read() as conn:

@@ -231,7 +231,7 @@ def test_an_rf_increase_adds_a_streamed_replica_and_cleans_nothing_up():
     assert state.tablets[table_id].replicas[0][0] == source
 
 
-def test_an_rf_decrease_starts_at_use_new_and_cleans_up_the_removed_replica():
+def test_an_rf_decrease_starts_at_write_both_read_new_and_cleans_up_the_removed_replica():
     state = quiet(cluster(nodes=2, shards=1))
     table_id = make_table(state, rf=2, tablets=1)
     removed = state.tablets[table_id].replicas[0][-1]
@@ -240,7 +240,8 @@ def test_an_rf_decrease_starts_at_use_new_and_cleans_up_the_removed_replica():
     driver.run(until=lambda: len(state.tablets[table_id].replicas[0]) == 1 and not state.transitions)
     [start_command] = driver.proposed(StartTabletMigration)
     assert driver.trace(start_command.migration_id) == [
-        "use_new:pause", "use_new:barrier", "-> cleanup", "cleanup:pause", "cleanup:cleanup_leaving",
+        "write_both_read_new:pause", "write_both_read_new:barrier", "-> use_new", "use_new:pause",
+        "use_new:barrier", "-> cleanup", "cleanup:pause", "cleanup:cleanup_leaving",
         "-> end_migration"]
     [cleanup] = [i for _, i in driver.history if isinstance(i, RunCleanup)]
     assert cleanup.node == removed.node

@@ -172,3 +172,13 @@ def test_entries_for_an_unreachable_target_or_in_an_unreadable_format_stay_queue
     assert sorted(target for target, _ in send.sent) == ["n2", "n3"]
     assert sorted(e.target for e in store.outbox_pending()) == ["n3", "n3", "n4"]
     assert [e.payload for e in store.outbox_pending(target="n3")] == [b'{"version":9}', garbage]
+
+
+def test_entries_for_a_node_removed_from_the_cluster_are_dropped_and_counted_and_the_others_delivered(store):
+    queue(store, [("n2", encode_payload(view_batch(0, 1, 1))), ("n8", encode_payload(view_batch(0, 2, 1))),
+                  ("n8", encode_payload(view_batch(1, 3, 1))), ("n9", encode_payload(view_batch(0, 4, 1)))])
+    send, metrics = RecordingSend(refused={"n8", "n9"}), NodeMetrics()
+    ViewUpdateOutbox(store, send, metrics, removed_nodes=lambda: {"n8", "n5"}).flush()
+    assert [target for target, _ in send.sent] == ["n2"]
+    assert [e.target for e in store.outbox_pending()] == ["n9"]  # down, not removed: kept for a retry
+    assert metrics.view_updates_dropped._value.get() == 2

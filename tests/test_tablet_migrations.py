@@ -477,7 +477,7 @@ def test_an_rf_decrease_removes_the_last_replica_its_tasks_and_statuses():
     assert state.view_progress(view_id)["tasks_total"] == 4
 
 
-def test_a_replica_being_removed_takes_no_writes_nor_reads_and_is_cleaned_up():
+def test_a_replica_being_removed_loses_reads_at_once_writes_a_stage_later_and_is_cleaned_up():
     state = cluster(nodes=2, shards=1)
     table_id = make_table(state, rf=2, tablets=1)
     replicas = state.tablets[table_id].replicas[0]
@@ -488,8 +488,11 @@ def test_a_replica_being_removed_takes_no_writes_nor_reads_and_is_cleaned_up():
                                             leaving_shard=move.leaving.shard, pending_node=move.leaving.node,
                                             pending_shard=move.leaving.shard, kind="remove")).ok
     transition = m.transition_of(state, table_id, 0)
-    assert transition.stage == "use_new" and m.write_replicas(state, table_id, 0) == replicas[:1]
+    assert transition.stage == "write_both_read_new" and m.write_replicas(state, table_id, 0) == replicas
     assert m.read_replicas(state, table_id, 0) == replicas[:1]
+    assert not m.makes_view_updates(state, table_id, 0, replicas[1].node)  # position 0 feeds its view position
+    run_to(state, table_id, 0, "use_new")
+    assert m.write_replicas(state, table_id, 0) == replicas[:1] == m.read_replicas(state, table_id, 0)
     run_to(state, table_id, 0, "cleanup")
     assert stage_actions(m.transition_of(state, table_id, 0), lambda node: False)[-1] == "cleanup_leaving"
     wrong = state.apply(StartTabletMigration(cmd_id=None, migration_id=uuid.uuid4().hex, table_id=table_id,

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from coordinator.core import migrations as m
 from coordinator.core import planner, resize
 from coordinator.core.commands import FinishViewBuildingTasks, StartTabletMigration
 from coordinator.core.schema import Replica
 from coordinator.core.state import Group0State
+from coordinator.core.errors import Unavailable
 from tests.test_core_state import cluster, make_table, make_view
 from tests.test_tablet_migrations import alter_rf, co_locate, merge, request_merge, run_to
+from worker.build_job import build_plan, routed_now
 
 
 def finish(state: Group0State, tasks) -> None:
@@ -66,8 +70,40 @@ def test_a_base_replica_added_before_the_view_grows_waits_for_its_view_replica()
     queues = planner.replica_queues(state, table_id)
     assert task.id not in {t.id for queue in queues.values() for t in queue}
     add_replica(state, view_id, 0)
-    assert m.view_replica_missing(state, task) is None
-    assert task.id in {t.id for queue in planner.replica_queues(state, table_id).values() for t in queue}
+    [renewed] = [t for t in state.tasks.values() if t.replica == added]  # a new id: see the test below
+    assert m.view_replica_missing(state, renewed) is None
+    assert renewed.id in {t.id for queue in planner.replica_queues(state, table_id).values() for t in queue}
+
+
+def test_a_view_tablet_that_gains_a_position_renews_the_tasks_of_its_feeders_so_a_stale_batch_cannot_finish_them():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=3, tablets=2)
+    assert alter_rf(state, 2).ok
+    view_id = make_view(state)  # created at RF 2: its tablets have two replicas, the base tablets three
+    assert len(state.tablets[view_id].replicas[0]) == 2
+    assert alter_rf(state, 3).ok
+    feeders = {tablet: replicas[2] for tablet, replicas in enumerate(state.tablets[table_id].replicas)}
+    before = {t.id for t in state.tasks.values() if t.view_id == view_id and t.replica == feeders[t.tablet_id]}
+    assert len(before) == 2
+    [move] = [p for p in m.replication_moves(state, limit=10) if (p.table_id, p.tablet_id) == (view_id, 0)]
+    start_kind(state, view_id, 0, "add", move.leaving, move.pending)
+    renewed = {t.id for t in state.tasks.values() if t.view_id == view_id and t.replica == feeders[t.tablet_id]}
+    assert len(renewed) == 2 and not renewed & before
+    assert state.apply(FinishViewBuildingTasks(cmd_id=None, term=1, task_ids=tuple(before))).ok  # a stale batch's
+    assert renewed <= set(state.tasks)
+
+
+def test_a_batch_routed_before_an_rf_increase_is_refused_at_merge_time_while_its_view_position_is_missing():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=3, tablets=1)
+    assert alter_rf(state, 1).ok
+    view_id = make_view(state)
+    third = state.tablets[table_id].replicas[0][2]
+    [task] = [t for t in state.tasks.values() if t.replica == third and t.view_id == view_id]
+    plan = build_plan(state, [task], third.node)  # position 2 of RF 1 feeds nothing, and need not
+    assert alter_rf(state, 3).ok
+    with pytest.raises(Unavailable, match="still being added"):
+        routed_now(state, plan, third.node)
 
 
 def test_a_view_created_while_a_replica_is_added_is_built_on_every_replica():

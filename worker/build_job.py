@@ -24,6 +24,7 @@ from coordinator.core.migrations import (
     position_of,
     transition_of,
     transitions_of_table,
+    view_position_missing,
     view_replica_missing,
 )
 from coordinator.core.schema import Replica, Table, Task
@@ -101,6 +102,11 @@ def routed_now(state, plan: BuildPlan, node_id: str) -> BuildPlan:
     pair = position_of(state, plan.base.id, tablet, node_id)
     if pair is None:
         raise NotFound(f"node {node_id} no longer holds tablet {tablet} of {plan.base.qualified_name}")
+    for view in views:  # an RF increase may have begun since the batch was planned
+        waiting = view_position_missing(state, view.id, pair, base_map.replicas[tablet][pair])
+        if waiting is not None:
+            raise Unavailable(f"the batch on tablet {tablet} of {plan.base.qualified_name} cannot be finished yet: "
+                              f"{waiting}")
     return replace(plan, views=views, view_replicas={v.id: state.tablets[v.id].replicas for v in views},
                    view_moves={v.id: transitions_of_table(state, v.id) for v in views},
                    schema_version=state.schema_version, pair=pair,

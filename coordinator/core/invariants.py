@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 _KIND_STAGES = {
     migrations.MOVE: frozenset(migrations.FORWARD + migrations.ROLLBACK),
     migrations.ADD: frozenset(migrations.FORWARD + migrations.ROLLBACK),
-    migrations.REMOVE: frozenset({migrations.USE_NEW, migrations.CLEANUP, migrations.END_MIGRATION}),
+    migrations.REMOVE: frozenset({migrations.WRITE_BOTH_READ_NEW, migrations.USE_NEW, migrations.CLEANUP,
+                                  migrations.END_MIGRATION}),
 }
 
 

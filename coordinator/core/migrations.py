@@ -61,7 +61,9 @@ REVERTED = "reverted"
 
 MOVE = "move"  # `pending` replaces `leaving` at its position
 ADD = "add"  # `pending` joins at a new last position, filled from `leaving` (which stays): an RF increase
-REMOVE = "remove"  # `leaving`, the last position, goes (`pending` names it again): an RF decrease
+REMOVE = "remove"  # `leaving`, the last position, goes (`pending` names it again): an RF decrease. It starts at
+# write_both_read_new: reads leave it at once, writes a barrier later, so a coordinator that has not applied the
+# start yet and reads from it still finds every write acknowledged meanwhile.
 KINDS = (MOVE, ADD, REMOVE)
 
 
@@ -112,7 +114,7 @@ def position_targets(replica: Replica, transition: TabletTransition | None) -> t
     if transition.kind == ADD:
         return (replica,) if transition.stage in ROLLBACK else (replica, transition.pending)
     if transition.kind == REMOVE:
-        return ()
+        return (replica,) if transition.stage == WRITE_BOTH_READ_NEW else ()
     if transition.stage in WRITE_BOTH:
         return (replica, transition.pending)
     if transition.stage in WRITE_NEW:
@@ -192,14 +194,22 @@ def view_replica_missing(state: Group0State, task: Task, fewest: Mapping[str, in
         return None
     replicas = state.tablets[task.base_id].replicas[task.tablet_id]
     position = position_in(replicas, transition_of(state, task.base_id, task.tablet_id), task.replica.node)
+    count = fewest[task.view_id] if fewest is not None and task.view_id in fewest else None
+    return view_position_missing(state, task.view_id, position, task.replica, count)
+
+
+def view_position_missing(state: Group0State, view_id: str, position: int | None, replica: Replica,
+                          count: int | None = None) -> str | None:
+    """`view_replica_missing` for the base replica `replica` at `position` and one view (`count`: the fewest
+    replicas of a view tablet, when the caller has it)."""
     if not position:
         return None
-    view = state.tables[task.view_id]
-    count = fewest[task.view_id] if fewest is not None else fewest_view_replicas(state, task.view_id)
+    view = state.tables[view_id]
+    count = fewest_view_replicas(state, view_id) if count is None else count
     if count > position or position >= state.keyspaces[view.keyspace].rf:
         return None
     return (f"view {view.qualified_name} has a tablet with {count} replicas: the view replica that base replica "
-            f"{task.replica} (position {position}) feeds is still being added")
+            f"{replica} (position {position}) feeds is still being added")
 
 
 def fewest_view_replicas(state: Group0State, view_id: str) -> int:
@@ -207,8 +217,15 @@ def fewest_view_replicas(state: Group0State, view_id: str) -> int:
 
 
 def makes_view_updates(state: Group0State, table_id: str, tablet_id: int, node_id: str) -> bool:
-    """False for the pending replica of a tablet until reads switch to it: its rows are still arriving."""
-    return not is_filling(transition_of(state, table_id, tablet_id), node_id)
+    """False for the pending replica of a tablet until reads switch to it (its rows are still arriving), and for a
+    replica being removed (`feeding_count`)."""
+    return not feeds_no_view(transition_of(state, table_id, tablet_id), node_id)
+
+
+def feeds_no_view(transition: TabletTransition | None, node_id: str) -> bool:
+    """Whether a base replica's writes make no view updates: it is filling (`is_filling`) or being removed."""
+    removed = transition is not None and transition.kind == REMOVE and transition.leaving.node == node_id
+    return removed or is_filling(transition, node_id)
 
 
 def is_filling(transition: TabletTransition | None, node_id: str) -> bool:
@@ -232,7 +249,7 @@ def start_migration(state: Group0State, cmd: StartTabletMigration) -> str:
     _check_move(state, cmd, leaving, pending)
     if cmd.migration_id in state.migration_results:
         raise FailedPrecondition(f"migration {cmd.migration_id} already ran")
-    first_stage = USE_NEW if cmd.kind == REMOVE else ALLOW_WRITE_BOTH_READ_OLD
+    first_stage = WRITE_BOTH_READ_NEW if cmd.kind == REMOVE else ALLOW_WRITE_BOTH_READ_OLD
     source = Replica(cmd.source_node, cmd.source_shard) if cmd.source_node else None
     state.transitions[(cmd.table_id, cmd.tablet_id)] = TabletTransition(
         cmd.migration_id, cmd.table_id, cmd.tablet_id, leaving, leaving if cmd.kind == REMOVE else pending,
@@ -242,6 +259,9 @@ def start_migration(state: Group0State, cmd: StartTabletMigration) -> str:
     elif cmd.kind == REMOVE:
         view_building.hand_over_tasks(state, cmd.table_id, cmd.tablet_id, leaving,
                                       state.tablets[cmd.table_id].replicas[cmd.tablet_id][0], seed=cmd.migration_id)
+    elif cmd.table_id in state.tables and state.tables[cmd.table_id].view is not None:
+        _feed_added_view_position(state, state.tables[cmd.table_id], len(state.tablets[cmd.table_id].replicas[
+            cmd.tablet_id]), derived_id(cmd.migration_id, "feed"))
     state.schema_version += 1
     return cmd.migration_id
 
@@ -372,6 +392,18 @@ def _rebuild_lost_position(state: Group0State, transition: TabletTransition, pos
         feeder = replicas[feeder_position(position, feeding_count(replicas, transition_of(state, base_map.table_id,
                                                                                           tablet)))]
         view_building.ensure_task(state, table, tablet, feeder, seed)
+
+
+def _feed_added_view_position(state: Group0State, view: Table, position: int, seed: str) -> None:
+    """A view tablet being built gains `position`: every base tablet's replica that feeds it gets a new task. The
+    added replica is a copy of position 0, which may not be built yet, and a batch of the feeder may have been routed
+    (on a node that had not seen the RF increase) with no view replica at that position, its rows sent nowhere."""
+    if view_building.is_built(state, view.id):
+        return
+    base_map = state.tablets[view.view.base_id]
+    for tablet, replicas in enumerate(base_map.replicas):
+        count = feeding_count(replicas, transition_of(state, base_map.table_id, tablet))
+        view_building.renew_task(state, view, tablet, replicas[feeder_position(position, count)], seed)
 
 
 def _replicas_after(replicas: tuple[Replica, ...], transition: TabletTransition) -> tuple[Replica, ...]:

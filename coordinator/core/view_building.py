@@ -168,6 +168,19 @@ def ensure_task(state: Group0State, view: Table, tablet_id: int, replica: Replic
         create_build_tasks(state, view, seed, {tablet_id: [replica]})
 
 
+def renew_task(state: Group0State, view: Table, tablet_id: int, replica: Replica, seed: str) -> None:
+    """A new live task of `view` on `replica` of base tablet `tablet_id` (new id), replacing the live one it has: a
+    batch of that one may be routed without a view replica it must now feed. An aborted task is left alone (it is
+    recreated when its migration ends)."""
+    mine = [t for t in state.tasks.values() if (t.view_id, t.tablet_id, t.replica) == (view.id, tablet_id, replica)]
+    if any(t.aborted for t in mine):
+        return
+    for task in mine:
+        del state.tasks[task.id]
+        _count_created(state, view.id, -1)
+    create_build_tasks(state, view, seed, {tablet_id: [replica]})
+
+
 def split_tasks(state: Group0State, base_id: str, seed: str) -> None:
     """Each task of tablet n of `base_id` becomes a task of 2n and one of 2n+1 (same replica, new ids)."""
     for task in [t for t in state.tasks.values() if t.base_id == base_id]:
