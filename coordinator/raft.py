@@ -100,10 +100,12 @@ class _ReplicatedState(SyncObjConsumer):
     the lock and callbacks are process-local.
     """
 
-    def __init__(self, state_machine: StateMachine, on_applied: Callable[[int], None] | None):
+    def __init__(self, state_machine: StateMachine, on_applied: Callable[[int], None] | None,
+                 on_dump_loaded: Callable[[], None] = lambda: None):
         super().__init__()
         self._replica = _Replica(state_machine)
         self._on_applied = on_applied
+        self._on_dump_loaded = on_dump_loaded
         self.changed = threading.Condition()  # guards _replica; notified on every applied command
         self.closed = False
 
@@ -117,6 +119,7 @@ class _ReplicatedState(SyncObjConsumer):
             self.changed.notify_all()
         logger.info("group0 state restored from full dump at applied index %d", index)
         self._report_applied(index)
+        self._on_dump_loaded()
 
     @replicated
     def apply_command(self, command: dict) -> object:
@@ -226,7 +229,7 @@ class Group0:
         # bindAddress: listen on the configured host only (pysyncobj would otherwise bind 0.0.0.0)
         self._conf = SyncObjConf(**{**raft_options(self._data_dir, password), "bindAddress": raft_addr,
                                     **(raft_overrides or {})})
-        self._state = _ReplicatedState(state_machine, on_applied)
+        self._state = _ReplicatedState(state_machine, on_applied, on_dump_loaded=self._rewrite_received_dump)
         self._syncobj: SyncObj | None = None
         self._lifecycle_lock = threading.Lock()
         self._closed = threading.Event()
@@ -375,6 +378,14 @@ class Group0:
 
     def wait_for(self, holds: Callable[[StateMachine], bool], timeout: float) -> bool:
         return self._state.wait_for(holds, timeout)
+
+    def _rewrite_received_dump(self) -> None:
+        """A full dump received from the leader is kept as this member's own, and with it the member list of the
+        node that wrote it, perhaps long ago. Were this member to lead, it would send that dump to a joining node,
+        which adopts the list: one without the leader makes the joiner refuse the leader's connections and stand for
+        election in ever higher terms. So a received dump is written again at once, by this member, its member list
+        naming this member. (At start-up, when the member loads its own dump, `_syncobj` is not set yet.)"""
+        self.force_log_compaction()
 
     def force_log_compaction(self) -> None:
         """Write a full dump on the next tick and truncate the journal (normally automatic)."""

@@ -1,6 +1,7 @@
 """Tests of coordinator.raft.Group0 against real pysyncobj members on loopback."""
 from __future__ import annotations
 
+import gzip
 import socket
 import threading
 import time
@@ -449,3 +450,28 @@ def test_a_handler_bug_fails_the_proposal_and_group0_keeps_applying(group0_clust
     assert group0_cluster.follower().propose(register("n2")).ok
     assert {member.barrier() for member in group0_cluster.running()} == {3}
     assert all(member.read(lambda state: sorted(state.nodes)) == ["n1", "n2"] for member in group0_cluster.running())
+
+
+def dump_members(data_dir: Path) -> set[str]:
+    """The Raft addresses a member's full dump names as the cluster (a joiner receiving it adopts them)."""
+    with open(data_dir / DUMP_FILE, "rb") as file, gzip.GzipFile(fileobj=file) as unzipped:
+        return {node.address for node in raft_pickle.load(unzipped)[3]}
+
+
+def test_a_dump_received_on_joining_is_written_again_naming_the_joiner(cluster, tmp_path):
+    leader = cluster.wait_for_leader()
+    for value in range(30):
+        leader.propose(put(f"k{value}", value))
+    leader.force_log_compaction()
+    wait_until(lambda: journal_is_compacted(leader, 30), 10.0, "the leader to write its full dump")
+    assert dump_members(cluster.dirs[leader.node_id]) == set(cluster.addrs.values())
+    [address] = [f"127.0.0.1:{port}" for port in allocate_ports(1)]
+    leader.add_member(address)
+    joiner = Group0(node_id="n4", raft_addr=address, peers=cluster.addrs, data_dir=tmp_path / "n4",
+                    state_machine=KeyValue(), password=PASSWORD)
+    cluster.members["n4"] = joiner  # closed with the cluster
+    joiner.start()
+    wait_until(lambda: joiner.applied_index >= leader.applied_index, 10.0, "the joiner to catch up")
+    # Had it kept the leader's dump, leading it would hand joiners a member list without itself.
+    wait_until(lambda: address in dump_members(tmp_path / "n4"), 10.0, "the joiner to write its own dump")
+    assert joiner.read(KeyValue.snapshot)[0] == leader.read(KeyValue.snapshot)[0]
