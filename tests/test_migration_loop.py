@@ -58,6 +58,7 @@ from coordinator.tablet_migration import MigrationCalls, MigrationDriver, unconf
 from tests.cluster_harness import wait_until
 from tests.fakes import FakeGroup0
 from tests.test_core_state import cluster, make_table
+from tests.test_tablet_migrations import advance
 
 TERM = 3
 STEPS = (HitPausePoint, RunBarrier, RunStream, RunCleanup)
@@ -404,6 +405,29 @@ def test_nothing_is_cleaned_up_on_a_dead_node_being_removed_and_the_node_is_then
     assert [i.node_id for _, i in driver.history if isinstance(i, RemoveMember)] == [dead]
     assert [(c.node_id, c.term) for c in driver.proposed(RemoveNode)] == [(dead, TERM)]
     assert dead in state.removed_nodes
+
+
+def test_a_move_whose_pending_node_is_declared_dead_after_reads_switched_rolls_back_to_the_live_replica():
+    state = quiet(cluster(nodes=3, shards=1))
+    table_id, leaving, pending, migration_id = moved_tablet(state, tablets=1)
+    for stage in ("write_both_read_old", "streaming", "write_both_read_new"):
+        assert advance(state, m.transition_of(state, table_id, 0), stage).ok
+    assert state.apply(DecommissionNode(cmd_id=None, node_id=pending.node, dead=True)).ok  # the rows stay on leaving
+    driver = Driver(state, new_loop(node_id=next(n for n in sorted(state.nodes) if n not in (leaving.node,
+                                                                                              pending.node))))
+    driver.run(until=lambda: m.transition_of(state, table_id, 0) is None)
+    assert state.migration_results[migration_id] == m.MigrationResult(
+        m.REVERTED, f"node {pending.node}, its pending replica, was declared dead")
+    assert state.tablets[table_id].replicas[0] == (leaving,)
+
+
+def test_a_node_cannot_be_declared_dead_while_a_move_past_rollback_makes_it_a_tablets_only_replica():
+    state = quiet(cluster(nodes=3, shards=1))
+    table_id, leaving, pending, _ = moved_tablet(state, tablets=1)
+    for stage in ("write_both_read_old", "streaming", "write_both_read_new", "use_new"):
+        assert advance(state, m.transition_of(state, table_id, 0), stage).ok
+    refused = state.apply(DecommissionNode(cmd_id=None, node_id=pending.node, dead=True))
+    assert refused.error_code == "FAILED_PRECONDITION" and "tablet 0" in refused.error_message
 
 
 def test_a_drained_leader_leaves_once_instead_of_removing_itself():

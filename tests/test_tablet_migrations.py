@@ -85,13 +85,15 @@ def test_a_rollback_keeps_the_map_and_writes_go_back_to_the_old_replica():
     assert list(state.migration_results.values()) == [m.MigrationResult(m.REVERTED, "stream failed: injected")]
 
 
-def test_no_rollback_once_reads_switched():
+def test_a_rollback_is_possible_while_writes_reach_the_leaving_replica_and_not_after():
     state, table_id = two_node_table()
     leaving = state.tablets[table_id].replicas[0][0]
     assert start(state, table_id, 0, leaving, other_node(state, leaving)).ok
-    run_to(state, table_id, 0, "write_both_read_new")
+    run_to(state, table_id, 0, "write_both_read_new")  # reads switched, writes still reach both
+    assert m.can_roll_back(m.transition_of(state, table_id, 0))
+    run_to(state, table_id, 0, "use_new")
     refused = advance(state, m.transition_of(state, table_id, 0), "cleanup_target")
-    assert refused.error_code == "INVALID_ARGUMENT" and "cannot go from write_both_read_new" in refused.error_message
+    assert refused.error_code == "INVALID_ARGUMENT" and "cannot go from use_new" in refused.error_message
 
 
 def test_stage_changes_are_compare_and_set_and_fenced_by_term():

@@ -23,10 +23,8 @@ event. At the end of a schedule every base replica holds the base rows of its ta
 view rows of its tablets, as computed from the client's own model of the base (`coordinator.core.views.view_row`);
 every read returned exactly the rows the model held for the keys nobody wrote while it ran.
 
-Two known gaps are counted rather than failed (see `check_table` and `switched_view_key`): after a node holding base
-replicas dies, view rows its lost updates would have deleted or replaced; and view rows of a key written while a
-view position changed feeder in an RF decrease (the old feeder stops getting writes), when the two applied that key's
-writes in different orders.
+One known gap is counted rather than failed (see `check_table`): after a node holding base replicas dies, view rows
+its lost updates would have deleted or replaced.
 """
 from __future__ import annotations
 
@@ -167,8 +165,6 @@ class Simulation:
         self.batches: list[Batch] = []
         self.views_made = 0
         self.deaths = 0
-        self.switched: set[tuple] = set()  # keys a write of was in flight when a view position changed feeder
-        self.switch_version = 0  # the schema version of the newest change of feeder
         self.ids = 0
         count = self.rng.choice((3, 3, 4))
         self.nodes = {f"n{i}": SimNode(f"n{i}", self.rng.choice((1, 2))) for i in range(1, count + 1)}
@@ -249,8 +245,6 @@ class Simulation:
 
     def route(self, row: Row, coordinator: SimNode) -> None:
         deliveries = route(coordinator.state, [(self.table, row)], row.marker_ts or row.tomb_ts)
-        if coordinator.state.schema_version < self.switch_version:
-            self.switched.add(row.key)  # routed the old way, to the old feeder too
         self.writes.append(Write(row, list(deliveries)))
 
     def deliver_write(self, write: Write) -> None:
@@ -390,9 +384,6 @@ class Simulation:
             self.stats[f"proposed {type(instruction.command).__name__}"] += 1
             if refusal is None and isinstance(instruction.command, StartTabletMigration):
                 self.stats[f"migrations started ({instruction.command.kind})"] += 1
-            if refusal is None and self.switches_feeder(instruction.command):
-                self.switched |= {w.row.key for w in self.writes} | {row.key for row in self.retries}
-                self.switch_version = self.truth.schema_version
             self.events.append((loop, ProposalDone(instruction.epoch, instruction.command, refusal)))
         elif isinstance(instruction, HitPausePoint):
             if self.faults and self.rng.random() < 0.02:
@@ -408,12 +399,6 @@ class Simulation:
         elif isinstance(instruction, Leave):
             self.stats["drained leaders left"] += 1
             self.change_leader(avoid=loop.node_id)
-
-    @staticmethod
-    def switches_feeder(command) -> bool:
-        """Whether the command hands a view position to a base replica while its old feeder stops getting writes (an
-        RF decrease; a merge or a move hands over between replicas that both get every write)."""
-        return isinstance(command, StartTabletMigration) and command.table_id == BASE and command.kind == "remove"
 
     def change_leader(self, avoid: str | None = None) -> None:
         """A new Raft term: another node's loop leads; the old one learns it late (its steps may still finish)."""
@@ -717,7 +702,7 @@ class Simulation:
         may use holds exactly its view rows, but for keys a failed write left half applied (retried later)."""
         if self.deaths:
             return
-        dirty = {row.key for row in self.retries} | self.switched
+        dirty = {row.key for row in self.retries}
         live = {key: visible_row(self.table, row) for key, row in self.model.items()
                 if is_live(row) and key not in dirty}
         for view in self.truth.views_of(BASE):
@@ -727,16 +712,6 @@ class Simulation:
             self.check_table(view.id, expected, tokens.__getitem__, read_replicas_only=True,
                              skip=lambda key, view=view: (key[view.primary_key.index("k")],) in dirty)
             self.stats["built views checked at barriers"] += 1
-
-    def switched_view_key(self, view):
-        """Skip the view rows of base keys a write of was in flight across a change of feeder: the one known gap
-        besides a node's death. A view position's rows are coherent when one base replica's apply order feeds them;
-        a write routed before the switch that reaches the old feeder after a newer write reached the new one makes
-        the old feeder send an image of a state the new one never had (and so never deletes)."""
-        position = view.primary_key.index("k")
-        if self.switched:
-            self.stats["base keys written across a feeder switch (view rows not checked)"] += len(self.switched)
-        return lambda key: (key[position],) in self.switched
 
     def view_rows(self, view, live: dict) -> tuple[dict, dict]:
         """The view rows the live base rows imply, and their tokens."""
@@ -759,8 +734,7 @@ class Simulation:
         for view in self.truth.views_of(BASE):
             assert self.truth.view_is_built(view.id), f"view {view.name} is not built at the end"
             expected, tokens = self.view_rows(view, live)
-            self.check_table(view.id, expected, tokens.__getitem__, stale_allowed=self.deaths > 0,
-                             skip=self.switched_view_key(view))
+            self.check_table(view.id, expected, tokens.__getitem__, stale_allowed=self.deaths > 0)
         self.stats["schedules checked"] += 1
 
     def check_table(self, table_id: str, expected: dict, token_of, stale_allowed: bool = False,

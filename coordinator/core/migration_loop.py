@@ -24,9 +24,10 @@ carries each migration through its stages, one action at a time: a stage hits th
 (`stage_actions`; nothing is cleaned up on a node being removed), then proposes the next stage. At `cleanup_target` a
 barrier comes before the pending replica's cleanup, so that no write routed the old way still lands there after it.
 A failed step is retried after `retry_delay`. A migration rolls back (`cleanup_target`, the reason in the command)
-only when its stream failed, the pause point failed it, or a node it involves (leaving, pending, stream source) is
-down: its barriers went unconfirmed (or its cleanups failed) for longer than `down_after`, with no success from it in
-between (a silence longer than `down_after` starts the count again).
+only when its pending node was declared dead, its stream failed, the pause point failed it, or a node it involves
+(leaving, pending, stream source) is down: its barriers went unconfirmed (or its cleanups failed) for longer than
+`down_after`, with no success from it in between (a silence longer than `down_after` starts the count again). From
+`use_new` on, writes reach only the pending replica: the migration goes forward whatever happens.
 
 Every command carries the loop's term. A new term, or losing leadership, forgets every step and proposal under way
 (a new epoch: their late answers are ignored). A `StaleTerm` refusal, a fenced call, or a state whose migration term
@@ -43,7 +44,15 @@ from . import balancer, migrations, resize
 from .commands import AdvanceTabletMigration, Command, MergeTablets, RemoveNode, StartTabletMigration
 from .errors import CoreError, StaleTerm
 from .ids import derived_id
-from .migrations import CAN_ROLL_BACK, CLEANUP, CLEANUP_TARGET, NEXT_STAGE, STREAMING, TabletTransition
+from .migrations import (
+    CAN_ROLL_BACK,
+    CLEANUP,
+    CLEANUP_TARGET,
+    NEXT_STAGE,
+    STREAMING,
+    TabletTransition,
+    can_roll_back,
+)
 from .schema import NODE_REMOVING
 from .tokens import tablet_range
 
@@ -377,7 +386,7 @@ class MigrationLoop:
         if transition is None or transition.stage != step.stage:
             return  # ended or moved on meanwhile
         reason = self._rollback_reason(transition, step, failure)
-        if reason is not None and transition.stage in CAN_ROLL_BACK:
+        if reason is not None and can_roll_back(transition):
             self.rollbacks[step.migration_id] = (transition.stage, reason)
             self._log("warning", f"migration {step.migration_id} of tablet {transition.tablet_id} rolls back: {reason}")
             return
@@ -573,7 +582,7 @@ class MigrationLoop:
             busy += 1
 
     def _next(self, state: Group0State, transition: TabletTransition) -> None:
-        reason = self._rollback_due(transition)
+        reason = self._rollback_due(state, transition)
         if reason is not None:
             self._advance(transition, CLEANUP_TARGET, reason)
             return
@@ -587,7 +596,10 @@ class MigrationLoop:
         self.in_flight[transition.migration_id] = step
         self._out.append(step)
 
-    def _rollback_due(self, transition: TabletTransition) -> str | None:
+    def _rollback_due(self, state: Group0State, transition: TabletTransition) -> str | None:
+        if transition.pending.node != transition.leaving.node and _is_gone(state, transition.pending.node) \
+                and can_roll_back(transition):
+            return f"node {transition.pending.node}, its pending replica, was declared dead"
         decided = self.rollbacks.get(transition.migration_id)
         if decided is None:
             return None

@@ -6,7 +6,8 @@ stages, each a group0 command so that a new leader resumes where the old one was
 
     allow_write_both_read_old -> write_both_read_old -> streaming -> write_both_read_new -> use_new -> cleanup
       -> end_migration (the tablet map names the pending replica; the transition is gone)
-    (allow_write_both_read_old | write_both_read_old | streaming) -> cleanup_target -> revert_migration
+    (allow_write_both_read_old | write_both_read_old | streaming | write_both_read_new) -> cleanup_target
+      -> revert_migration
       (the pending replica's rows are dropped, the map is unchanged; the transition is gone)
 
 Writes reach both replicas from `allow_write_both_read_old` to `write_both_read_new`, and only the pending one
@@ -30,7 +31,7 @@ from .commands import AdvanceTabletMigration, StartTabletMigration
 from .errors import FailedPrecondition, InvalidArgument, NotFound, StaleTerm
 from .ids import check_id, derived_id
 from .placement import choose_replicas, replica_loads
-from .schema import NODE_NORMAL, NODE_REMOVING, Replica, TabletMap, Task
+from .schema import NODE_NORMAL, NODE_REMOVING, Replica, Table, TabletMap, Task
 
 if TYPE_CHECKING:
     from .state import Group0State
@@ -49,7 +50,7 @@ FORWARD = (ALLOW_WRITE_BOTH_READ_OLD, WRITE_BOTH_READ_OLD, STREAMING, WRITE_BOTH
            END_MIGRATION)
 ROLLBACK = (CLEANUP_TARGET, REVERT_MIGRATION)
 NEXT_STAGE = {**dict(zip(FORWARD, FORWARD[1:])), CLEANUP_TARGET: REVERT_MIGRATION}
-CAN_ROLL_BACK = frozenset({ALLOW_WRITE_BOTH_READ_OLD, WRITE_BOTH_READ_OLD, STREAMING})
+CAN_ROLL_BACK = frozenset({ALLOW_WRITE_BOTH_READ_OLD, WRITE_BOTH_READ_OLD, STREAMING, WRITE_BOTH_READ_NEW})
 WRITE_BOTH = frozenset({ALLOW_WRITE_BOTH_READ_OLD, WRITE_BOTH_READ_OLD, STREAMING, WRITE_BOTH_READ_NEW})
 WRITE_NEW = frozenset({USE_NEW, CLEANUP})
 READ_NEW = frozenset({WRITE_BOTH_READ_NEW, USE_NEW, CLEANUP})
@@ -345,10 +346,16 @@ def record_term(state: Group0State, term: int) -> None:
     state._migration_term = max(state._migration_term, term)
 
 
+def can_roll_back(transition: TabletTransition) -> bool:
+    """Whether the move can be undone: writes still reach the leaving replica, so it has every row (reads go back to
+    it). An RF decrease is never undone."""
+    return transition.kind != REMOVE and transition.stage in CAN_ROLL_BACK
+
+
 def _check_step(transition: TabletTransition, to_stage: str) -> None:
     if to_stage == NEXT_STAGE.get(transition.stage):
         return
-    if to_stage == CLEANUP_TARGET and transition.stage in CAN_ROLL_BACK:
+    if to_stage == CLEANUP_TARGET and can_roll_back(transition):
         return
     raise InvalidArgument(f"a migration cannot go from {transition.stage} to {to_stage!r}")
 
@@ -549,17 +556,23 @@ def stranded_tablets(state: Group0State, node_id: str) -> list[tuple[str, int]]:
     """(table id, tablet) of the tablets whose only replicas are on `node_id` or nodes being removed (dead ones; a
     replica an RF decrease is removing does not count either)."""
     departing = {n.id for n in state.nodes.values() if n.state == NODE_REMOVING} | {node_id}  # a leaving one is up
-    return [(table_id, tablet) for table_id, tablet_map in sorted(state.tablets.items())
-            for tablet, replicas in enumerate(tablet_map.replicas)
-            if any(r.node == node_id for r in replicas)
-            and all(r.node in departing for r in _staying(replicas, transition_of(state, table_id, tablet)))]
+    stranded = []
+    for table_id, tablet_map in sorted(state.tablets.items()):
+        for tablet, replicas in enumerate(tablet_map.replicas):
+            staying = _staying(replicas, transition_of(state, table_id, tablet))
+            if any(r.node == node_id for r in staying) and all(r.node in departing for r in staying):
+                stranded.append((table_id, tablet))
+    return stranded
 
 
 def _staying(replicas: tuple[Replica, ...], transition: TabletTransition | None) -> tuple[Replica, ...]:
-    """The replicas of a tablet that stay: all but one an RF decrease is removing."""
-    if transition is not None and transition.kind == REMOVE:
+    """The replicas a tablet keeps: all but one an RF decrease is removing; a move that can no longer roll back ends
+    with its pending replica in the map (one that can still roll back is rolled back if its pending node dies)."""
+    if transition is None or transition.stage in ROLLBACK:
+        return replicas
+    if transition.kind == REMOVE:
         return tuple(r for r in replicas if r != transition.leaving)
-    return replicas
+    return replicas if can_roll_back(transition) else _replicas_after(replicas, transition)
 
 
 def removable_nodes(state: Group0State) -> list[str]:
