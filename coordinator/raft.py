@@ -28,6 +28,7 @@ _FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() i
 _CLOSED = "CLOSED"  # attempt outcome when close() interrupts a pending proposal
 _RETRY_BACKOFF_FIRST = 0.005
 _RETRY_BACKOFF_MAX = 0.2
+_DUMP_POLL = 0.02  # how often write_full_dump looks whether the dump is written and the journal cut
 
 
 def secret_fingerprint(secret: str) -> str:
@@ -106,10 +107,14 @@ class _ReplicatedState(SyncObjConsumer):
         self._replica = _Replica(state_machine)
         self._on_applied = on_applied
         self._on_dump_loaded = on_dump_loaded
+        self.dumped_index = -1  # the applied index of the last full dump this process wrote
         self.changed = threading.Condition()  # guards _replica; notified on every applied command
         self.closed = False
 
     def _serialize(self) -> dict:
+        with self.changed:
+            self.dumped_index = self._replica.applied_index
+            self.changed.notify_all()
         return {"replica": self._replica}
 
     def _deserialize(self, data: dict) -> None:
@@ -236,6 +241,7 @@ class Group0:
         self._pending: set[_Attempt] = set()
         self._pending_lock = threading.Lock()
         self._leader_term: int | None = None  # the term this node became leader in, until its state changes again
+        self._membership_lock = threading.Lock()  # one membership change at a time
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -298,23 +304,62 @@ class Group0:
         return {self._raft_addr, *(node.id for node in self._syncobj.otherNodes)}
 
     def add_member(self, raft_addr: str, timeout: float = 10.0) -> None:
-        """Add a node to the Raft group (it then starts with every member as its peers); done if already one."""
+        """Add a node to the Raft group (it then starts with every member as its peers); done if already one.
+
+        Only the leader admits: it first writes a full dump, so the new member catches up from a dump that names
+        the members of now instead of replaying every membership change since the last one."""
         self._change_membership(raft_addr, adding=True, timeout=timeout)
 
     def remove_member(self, raft_addr: str, timeout: float = 10.0) -> None:
-        """Take a node out of the Raft group; done if it is not a member."""
+        """Take a node out of the Raft group; done if it is not a member. Only the leader removes."""
         self._change_membership(raft_addr, adding=False, timeout=timeout)
 
     def _change_membership(self, raft_addr: str, adding: bool, timeout: float) -> None:
-        if (raft_addr in self.members()) == adding:
-            return
-        change = self._syncobj.addNodeToCluster if adding else self._syncobj.removeNodeFromCluster
-        try:
-            self._replicate(lambda callback: change(raft_addr, callback=callback), "membership change", timeout)
-        except Group0Unavailable:
-            if (raft_addr in self.members()) != adding:
-                raise
+        """One change at a time on this node, made by the leader after an entry of its term committed (so every
+        change an earlier leader began is committed or gone), and done only once it is committed."""
+        deadline = time.monotonic() + timeout
+        with self._membership_lock:
+            self._require_leader("change the members of group0")
+            self.barrier(timeout=max(deadline - time.monotonic(), 0.1))
+            if (raft_addr in self.members()) == adding:
+                return
+            if adding:
+                self.write_full_dump(timeout=max(deadline - time.monotonic(), 0.1))
+            change = self._syncobj.addNodeToCluster if adding else self._syncobj.removeNodeFromCluster
+            try:
+                self._replicate(lambda callback: change(raft_addr, callback=callback), "membership change",
+                                max(deadline - time.monotonic(), 0.1))
+            except Group0Unavailable:
+                self._check_change_committed(raft_addr, adding, timeout)
         logger.info("group0 %s: %s %s", self._node_id, "added" if adding else "removed", raft_addr)
+
+    def _check_change_committed(self, raft_addr: str, adding: bool, timeout: float) -> None:
+        """After a change timed out: a barrier commits it if the leader has it; otherwise say it did not commit."""
+        what = f"{'adding' if adding else 'removing'} {raft_addr}"
+        try:
+            self.barrier(timeout=timeout)
+        except Group0Unavailable as error:
+            raise Group0Unavailable(f"{what} did not commit within {timeout:g}s: {error}") from None
+        if (raft_addr in self.members()) != adding:
+            raise Group0Unavailable(f"{what} did not commit within {timeout:g}s (a leader change dropped it); "
+                                    "try again")
+
+    def _require_leader(self, what: str) -> None:
+        if not self.is_leader:
+            leader = self.leader_id or "not known yet"
+            raise Group0Unavailable(f"only the Raft leader can {what}; {self._node_id} is not it (leader: {leader})")
+
+    def write_full_dump(self, timeout: float = 10.0) -> None:
+        """Write a full dump of what this member applied and cut its journal before it; Group0Unavailable when
+        that takes longer than `timeout`."""
+        target = self.applied_index
+        deadline = time.monotonic() + timeout
+        self.force_log_compaction()
+        while self._state.dumped_index < target or self.status()["log_len"] > self.applied_index - target + 2:
+            if time.monotonic() >= deadline:
+                raise Group0Unavailable(f"group0 {self._node_id} did not write its full dump within {timeout:g}s")
+            if self._closed.wait(_DUMP_POLL):
+                raise Group0Unavailable(f"group0 {self._node_id} closed while writing its full dump")
 
     def barrier(self, timeout: float = 10.0) -> int:
         """Wait until this node has applied everything committed before the call; return applied_index."""

@@ -475,3 +475,21 @@ def test_a_dump_received_on_joining_is_written_again_naming_the_joiner(cluster, 
     # Had it kept the leader's dump, leading it would hand joiners a member list without itself.
     wait_until(lambda: address in dump_members(tmp_path / "n4"), 10.0, "the joiner to write its own dump")
     assert joiner.read(KeyValue.snapshot)[0] == leader.read(KeyValue.snapshot)[0]
+
+
+def test_only_the_leader_admits_and_it_first_writes_a_dump_naming_the_members_of_now(cluster, tmp_path):
+    leader = cluster.wait_for_leader()
+    for value in range(30):
+        leader.propose(put(f"k{value}", value))
+    [address] = [f"127.0.0.1:{port}" for port in allocate_ports(1)]
+    with pytest.raises(Group0Unavailable, match=f"only the Raft leader .* \\(leader: {leader.node_id}\\)"):
+        cluster.follower().add_member(address)
+    leader.add_member(address)
+    assert leader.status()["log_len"] < 30  # a joiner replays no history of membership changes
+    assert dump_members(cluster.dirs[leader.node_id]) == set(cluster.addrs.values())
+    joiner = Group0(node_id="n4", raft_addr=address, peers=cluster.addrs, data_dir=tmp_path / "n4",
+                    state_machine=KeyValue(), password=PASSWORD)
+    cluster.members["n4"] = joiner
+    joiner.start()
+    wait_until(lambda: joiner.applied_index >= leader.applied_index, 10.0, "the joiner to catch up")
+    assert joiner.members() == leader.members() == {*cluster.addrs.values(), address}

@@ -614,11 +614,25 @@ def wait_tablet_count(addr_or_addrs, table: str, count: int, timeout: float, pol
 
 def join_cluster(addr_or_addrs, node_id: str, grpc_addr: str, raft_addr: str, shards: int,
                  timeout: float = DEFAULT_TIMEOUT) -> dict[str, tuple[str, str]]:
-    """Admin.JoinCluster: admit this node into the Raft group; the members as {id: (grpc, raft)}."""
+    """Admin.JoinCluster: admit this node into the Raft group; the members as {id: (grpc, raft)}.
+
+    Only the Raft leader admits: the call goes to the leader as the first node that answers names it, then to the
+    given addresses (a member that is not the leader answers UNAVAILABLE, and the next one is tried)."""
     request = pb.JoinClusterRequest(node_id=node_id, grpc=grpc_addr, raft=raft_addr, shards=shards)
-    answer = call_any(addr_or_addrs, lambda addr: admin_stub(addr).JoinCluster(request, timeout=timeout),
+    addresses = as_addresses(addr_or_addrs)
+    answer = call_any(_leader_first(addresses), lambda addr: admin_stub(addr).JoinCluster(request, timeout=timeout),
                       idempotent=True)
     return {m.id: (m.grpc, m.raft) for m in answer.members}
+
+
+def _leader_first(addresses: list[str]) -> list[str]:
+    """The leader's gRPC address (as the first node that answers knows it) before `addresses`."""
+    try:
+        known = status(addresses, views_only=False)
+    except grpc.RpcError:
+        return addresses
+    leader = next((node["grpc"] for node in known["nodes"] if node["id"] == known["leader"]), None)
+    return [leader, *(a for a in addresses if a != leader)] if leader else addresses
 
 
 def node_state(addr_or_addrs, node_id: str, timeout: float = 10.0) -> dict:
