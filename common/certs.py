@@ -1,6 +1,8 @@
 """Certificates of a secure cluster: a CA, node and client certificates, and the identity a peer's certificate names.
 
-One directory holds the cluster's CA (`ca.crt`, `ca.key`); node and client certificates are signed by it. Every
+A CA is `ca.crt` in a directory handed to nodes and clients, and `ca.key`, by default beside it, better in a
+directory of its own that only the operator reads (`ca_key`, CockroachDB's `--ca-key`): whoever holds the key can
+make node certificates. Node and client certificates are signed by it. Every
 key is EC P-256, written readable by its owner only (0600). A certificate's kind is its subject's organizational
 unit, which only the CA's holder can choose:
 
@@ -49,6 +51,7 @@ BACKDATE = dt.timedelta(hours=1)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 PRIVATE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
 PUBLIC_MODE = 0o644
 
 
@@ -90,11 +93,13 @@ class TlsMaterial(NamedTuple):
 # ------------------------------------------------------------------ making certificates
 
 
-def create_ca(directory: str | os.PathLike, lifetime_days: int = CA_LIFETIME_DAYS, overwrite: bool = False) -> Path:
-    """Make a new CA in `directory` (ca.crt, ca.key); returns the certificate's path."""
+def create_ca(directory: str | os.PathLike, lifetime_days: int = CA_LIFETIME_DAYS, overwrite: bool = False,
+              ca_key: str | os.PathLike | None = None) -> Path:
+    """Make a new CA: ca.crt in `directory`, its key at `ca_key` (default `directory`/ca.key; a folder made for it
+    is readable by its owner only); returns the certificate's path."""
     directory = Path(directory)
     check_lifetime(lifetime_days)
-    cert_path, key_path = directory / CA_CERT, directory / CA_KEY
+    cert_path, key_path = directory / CA_CERT, ca_key_path(directory, ca_key)
     refuse_to_replace([cert_path, key_path], overwrite,
                       "a new CA would no longer trust the certificates the present one signed")
     key = new_key()
@@ -113,14 +118,20 @@ def create_ca(directory: str | os.PathLike, lifetime_days: int = CA_LIFETIME_DAY
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
     directory.mkdir(parents=True, exist_ok=True)
+    key_path.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     write_file(key_path, key_pem(key), PRIVATE_MODE)
     write_file(cert_path, cert.public_bytes(serialization.Encoding.PEM), PUBLIC_MODE)
     return cert_path
 
 
+def ca_key_path(ca_dir: Path, ca_key: str | os.PathLike | None) -> Path:
+    """Where the CA's key is: `ca_key` when given, else beside the certificate."""
+    return Path(ca_key) if ca_key is not None else ca_dir / CA_KEY
+
+
 def create_node_cert(ca_dir: str | os.PathLike, node_id: str, hosts: list[str],
                      out_dir: str | os.PathLike | None = None, lifetime_days: int = CERT_LIFETIME_DAYS,
-                     overwrite: bool = False) -> tuple[Path, Path]:
+                     overwrite: bool = False, ca_key: str | os.PathLike | None = None) -> tuple[Path, Path]:
     """Make node.crt and node.key for `node_id`, valid for `hosts`, in `out_dir` (default `ca_dir`, which holds the CA).
 
     When `out_dir` is another directory, ca.crt is copied there too, so it holds all a node needs.
@@ -135,11 +146,12 @@ def create_node_cert(ca_dir: str | os.PathLike, node_id: str, hosts: list[str],
                      alt_names=[x509.UniformResourceIdentifier(NODE_URI_PREFIX + node_id), *host_names],
                      usages=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
                      lifetime_days=lifetime_days, overwrite=overwrite,
-                     taken="it may be another node's certificate")
+                     taken="it may be another node's certificate", ca_key=ca_key)
 
 
 def create_client_cert(ca_dir: str | os.PathLike, user: str, out_dir: str | os.PathLike | None = None,
-                       lifetime_days: int = CERT_LIFETIME_DAYS, overwrite: bool = False) -> tuple[Path, Path]:
+                       lifetime_days: int = CERT_LIFETIME_DAYS, overwrite: bool = False,
+                       ca_key: str | os.PathLike | None = None) -> tuple[Path, Path]:
     """Make client.USER.crt and client.USER.key in `out_dir` (default `ca_dir`), signed by the CA of `ca_dir`.
 
     When `out_dir` is another directory, ca.crt is copied there too (the client checks the nodes with it).
@@ -149,7 +161,7 @@ def create_client_cert(ca_dir: str | os.PathLike, user: str, out_dir: str | os.P
                      subject=leaf_subject(CLIENT_UNIT, user), alt_names=[],
                      usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
                      lifetime_days=lifetime_days, overwrite=overwrite,
-                     taken=f"user {user} already has a certificate there")
+                     taken=f"user {user} already has a certificate there", ca_key=ca_key)
 
 
 def client_cert_file(user: str) -> str:
@@ -174,13 +186,15 @@ class Authority:
     key: ec.EllipticCurvePrivateKey
 
 
-def load_authority(ca_dir: Path) -> Authority:
-    """The CA of `ca_dir`; its key must be the certificate's."""
-    cert_path, key_path = ca_dir / CA_CERT, ca_dir / CA_KEY
-    for path in (cert_path, key_path):
-        if not path.exists():
-            raise CertificateError(f"no CA in {ca_dir}: {path} is missing (make one with `vbc certs create-ca "
-                                   f"{ca_dir}`)")
+def load_authority(ca_dir: Path, ca_key: str | os.PathLike | None = None) -> Authority:
+    """The CA of `ca_dir` with its key (at `ca_key`, default beside the certificate); the key must be the
+    certificate's."""
+    cert_path, key_path = ca_dir / CA_CERT, ca_key_path(ca_dir, ca_key)
+    if not cert_path.exists():
+        raise CertificateError(f"no CA in {ca_dir}: {cert_path} is missing (make one with `vbc certs create-ca "
+                               f"{ca_dir}`)")
+    if not key_path.exists():
+        raise CertificateError(f"the key of the CA of {ca_dir} is not at {key_path}: give its path with --ca-key")
     cert_pem = read_pem(cert_path)
     cert = parse_certificate(cert_pem, cert_path)
     key = load_private_key(read_pem(key_path), key_path)
@@ -193,14 +207,15 @@ def load_authority(ca_dir: Path) -> Authority:
 
 def sign_into(ca_dir: Path, out_dir: str | os.PathLike | None, cert_file: str, key_file: str, *,
               subject: x509.Name, alt_names: list[x509.GeneralName], usages: list[x509.ObjectIdentifier],
-              lifetime_days: int, overwrite: bool, taken: str) -> tuple[Path, Path]:
+              lifetime_days: int, overwrite: bool, taken: str,
+              ca_key: str | os.PathLike | None = None) -> tuple[Path, Path]:
     """Sign a certificate for a new key with the CA of `ca_dir`; write both, and ca.crt, in `out_dir`.
 
     `taken` says why an existing certificate is not replaced without `overwrite`.
     """
     check_lifetime(lifetime_days)
     out_dir = Path(out_dir) if out_dir is not None else ca_dir
-    authority = load_authority(ca_dir)
+    authority = load_authority(ca_dir, ca_key)
     now = utc_now()
     expires = now + dt.timedelta(days=lifetime_days)
     check_within_ca_lifetime(authority, now, expires, lifetime_days)

@@ -145,7 +145,7 @@ class Authenticator:
         identity = caller(context)
         if identity is not None:
             if identity.kind == "node":
-                return CLUSTER
+                return self._node(identity.name, context)
             return self._certificate_login(identity.name, context)
         metadata = dict(context.invocation_metadata() or ())
         user = metadata.get(USER_KEY)
@@ -153,6 +153,14 @@ class Authenticator:
             raise Unauthenticated("no credentials: connect with a client certificate (--credentials DIR, or "
                                   "--cluster DIR) or log in with --user NAME on the node's client port")
         return self._password_login(user, metadata.get(PASSWORD_KEY, ""), context)
+
+    def _node(self, node_id: str, context) -> Principal:
+        """A node's certificate acts for the cluster, unless group0 removed that node: its certificate (left in its
+        data directory) must not outlive its membership."""
+        if self._read(lambda state: node_id in state.removed_nodes):
+            self._refused(f"node {node_id}", "certificate of a node removed from the cluster", context)
+            raise Unauthenticated(f"node {node_id} was removed from the cluster: its certificate is no longer accepted")
+        return CLUSTER
 
     def _certificate_login(self, name: str, context) -> Principal:
         try:
@@ -163,40 +171,53 @@ class Authenticator:
         return Principal(name)
 
     def _password_login(self, user: str, password: str, context) -> Principal:
-        stored = self._read(lambda state: _password_hash(state, user))
-        if stored is None:
-            self._refused(user, "no such role, or it may not log in", context)
-        elif not stored:
-            self._refused(user, "role without a password", context)
-        elif not self._matches(user, password, stored, context):
-            self._refused(user, "wrong password", context)
-        else:
-            return Principal(user)
-        self._count_failure(peer_host(context.peer()))
-        raise Unauthenticated(f"login of {user!r} failed: wrong name or password, or the role may not log in")
-
-    def _count_failure(self, host: str) -> None:
-        """Count a failed login of `host`; the failure that uses up its allowance is logged, the refusals that
-        follow (RESOURCE_EXHAUSTED, counted as "throttled") are not, so a guessing host cannot flood the log."""
-        now = self._clock()
-        self._throttle.failed(host, now)
-        wait_s = self._throttle.wait_s(host, now)
-        if wait_s > 0:
-            log.warning("too many failed logins from %s: its password logins are refused for %d s (and again after "
-                        "each further failure)", host, math.ceil(wait_s))
-
-    def _matches(self, user: str, password: str, stored: str, context) -> bool:
-        digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
-        with self._lock:
-            if self._verified.get(digest) == stored:
-                self._verified.move_to_end(digest)
-                return True
+        """A host out of login attempts is refused before the name is looked up, whatever the name; an unknown
+        name, a role that may not log in and a wrong password get the same answer."""
         host = peer_host(context.peer())
+        digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
+        if self._remembered(digest, user):
+            return Principal(user)  # verified before: no scrypt to spare, and no guess (so no throttle)
         wait_s = self._throttle.wait_s(host, self._clock())
         if wait_s > 0:
             if self._failed_logins is not None:
                 self._failed_logins.labels("throttled").inc()
             raise ResourceExhausted(f"too many failed logins from {host}; try again in {math.ceil(wait_s)} s")
+        stored = self._read(lambda state: _password_hash(state, user))
+        if stored is None:
+            reason = "no such role, or it may not log in"
+        elif not stored:
+            reason = "role without a password"
+        elif not self._verify(digest, password, stored):
+            reason = "wrong password"
+        else:
+            return Principal(user)
+        self._failed(user, reason, host)
+        raise Unauthenticated(f"login of {user!r} failed: wrong name or password, or the role may not log in")
+
+    def _failed(self, user: str, reason: str, host: str) -> None:
+        """Count a failed password login against its host, in one log line (the refusals of a throttled host that
+        follow are counted as "throttled" and not logged, so a guessing host cannot flood the log)."""
+        if self._failed_logins is not None:
+            self._failed_logins.labels(reason).inc()
+        now = self._clock()
+        self._throttle.failed(host, now)
+        wait_s = self._throttle.wait_s(host, now)
+        throttled = (f"; its password logins are refused for {math.ceil(wait_s)} s (and again after each further "
+                     "failure)") if wait_s > 0 else ""
+        log.warning("refused login of %r from %s: %s%s", user, host, reason, throttled)
+
+    def _remembered(self, digest: bytes, user: str) -> bool:
+        """Whether this name and password were verified before against the role's password of now."""
+        with self._lock:
+            known = self._verified.get(digest)
+        if known is None or known != self._read(lambda state: _password_hash(state, user)):
+            return False
+        with self._lock:
+            if digest in self._verified:
+                self._verified.move_to_end(digest)
+        return True
+
+    def _verify(self, digest: bytes, password: str, stored: str) -> bool:
         if not passwords.verify(password, stored):
             return False
         with self._lock:

@@ -230,6 +230,31 @@ def test_the_certs_commands_report_errors_with_exit_status_1(tmp_path, capsys):
     assert code == 2 and "--host" in err
 
 
+def test_the_ca_key_can_live_apart_and_is_then_given_by_its_own_option(tmp_path, capsys):
+    handed_out, safe = tmp_path / "credentials", tmp_path / "safe" / "ca.key"
+    code, out, _ = run_cli(capsys, "certs", "create-ca", str(handed_out), "--ca-key", str(safe))
+    assert code == 0 and str(safe) in out
+    assert not (handed_out / "ca.key").exists() and mode_of(safe) == 0o600 and mode_of(safe.parent) == 0o700
+    code, _, err = run_cli(capsys, "certs", "create-client", str(handed_out), "alice")
+    assert code == 1 and f"not at {handed_out / 'ca.key'}" in err and "--ca-key" in err
+    code, out, _ = run_cli(capsys, "certs", "create-client", str(handed_out), "alice", "--ca-key", str(safe))
+    assert code == 0 and "client.alice.crt" in out
+
+
+def test_a_cluster_s_credentials_folder_holds_no_ca_key_and_an_old_one_is_moved_apart(tmp_path):
+    from vbc import cluster
+    nodes = [{"id": "n1", "data_dir": str(tmp_path / "n1")}]
+    old = tmp_path / "old"
+    certs.create_ca(old / "credentials")  # the layout of before: the key beside the certificate
+    for data_dir in (tmp_path, old):
+        folder = cluster.prepare_credentials(data_dir, nodes if data_dir == tmp_path else [])
+        assert not (folder / "ca.key").exists()
+        key = data_dir / "ca" / "ca.key"
+        assert key.exists() and mode_of(key) == 0o600
+    assert mode_of(tmp_path / "ca") == 0o700
+    assert certs.identity_of((tmp_path / "n1" / "node.crt").read_bytes()) == Identity("node", "n1")
+
+
 # ------------------------------------------------------------------ mutual TLS on a real gRPC server
 
 
@@ -349,3 +374,13 @@ def test_a_cluster_folder_made_again_with_a_new_ca_is_trusted_anew(tmp_path):
         assert client._credentials["127.0.0.1:1"] is not first
     finally:
         client.use_credentials(None, ["127.0.0.1:1"])
+
+
+def test_a_password_login_sent_to_a_certificate_port_says_to_use_the_client_port(pki, tls_server, capsys,
+                                                                                monkeypatch):
+    from vbc import client
+    _, address = tls_server
+    monkeypatch.setenv(client.PASSWORD_ENV, "secret")
+    monkeypatch.setattr(client, "_credentials", dict(client._credentials))  # this test's logins stay its own
+    code, _, err = run_cli(capsys, "status", "--addr", address, "--user", "alice", "--credentials", str(pki))
+    assert code == 1 and "client port" in err and address in err and "--client-addr" in err

@@ -111,6 +111,16 @@ def test_certificates_name_a_node_or_a_role_that_may_log_in(authenticator, tmp_p
         authenticator.principal(CallContext((tmp_path / "client.bob.crt").read_bytes()))
 
 
+def test_the_certificate_of_a_node_removed_from_the_cluster_is_refused(authenticator, state, tmp_path):
+    certs.create_ca(tmp_path)
+    certs.create_node_cert(tmp_path, "n7", ["127.0.0.1"], out_dir=tmp_path / "n7")
+    node = CallContext((tmp_path / "n7" / certs.NODE_CERT).read_bytes())
+    assert authenticator.principal(node) == CLUSTER
+    state.removed_nodes.add("n7")
+    with pytest.raises(Unauthenticated, match="node n7 was removed from the cluster"):
+        authenticator.principal(node)
+
+
 def test_administrative_calls_need_a_superuser_and_status_a_login(authenticator, state):
     access = security.Access(authenticator)
     alice = login("alice", PASSWORD)
@@ -184,7 +194,8 @@ def test_a_host_guessing_passwords_is_refused_before_scrypt_then_let_in_again(st
     assert len(checks) == 7
 
 
-def test_the_failure_that_throttles_a_host_is_logged_once_and_its_refused_logins_are_not(state, metrics, caplog):
+def test_each_failure_logs_one_line_the_one_that_throttles_says_so_and_refused_logins_log_none(state, metrics,
+                                                                                                caplog):
     clock = Clock()
     authenticator = security.Authenticator(lambda fn: fn(state), metrics.failed_logins, clock=clock)
     with caplog.at_level(logging.WARNING, logger=security.__name__):
@@ -194,10 +205,26 @@ def test_the_failure_that_throttles_a_host_is_logged_once_and_its_refused_logins
         for guess in range(3):
             with pytest.raises(ResourceExhausted):
                 authenticator.principal(login("alice", f"again-{guess}"))
-    throttled = [r.getMessage() for r in caplog.records if "too many failed logins" in r.getMessage()]
-    assert throttled == ["too many failed logins from 127.0.0.1: its password logins are refused for 2 s (and again "
-                         "after each further failure)"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["refused login of 'alice' from 127.0.0.1: wrong password"] * 4 + [
+        "refused login of 'alice' from 127.0.0.1: wrong password; its password logins are refused for 2 s (and "
+        "again after each further failure)"]
     assert failed(metrics, "throttled") == 3.0
+
+
+def test_a_throttled_host_gets_the_same_answer_for_unknown_names_without_a_lookup(state, metrics):
+    clock = Clock()
+    lookups = []
+    authenticator = security.Authenticator(lambda fn: lookups.append(1) or fn(state), metrics.failed_logins,
+                                           clock=clock)
+    for guess in range(5):
+        with pytest.raises(Unauthenticated, match="wrong name or password"):
+            authenticator.principal(login(f"nobody-{guess}", "x"))  # unknown names use up the allowance too
+    seen = len(lookups)
+    for name in ("alice", "nobody-9"):
+        with pytest.raises(ResourceExhausted, match="too many failed logins from 127.0.0.1"):
+            authenticator.principal(login(name, "guess"))
+    assert len(lookups) == seen  # refused before any role is looked up
 
 
 def test_the_login_throttle_refills_one_failure_per_interval_up_to_its_burst():

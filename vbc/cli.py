@@ -362,9 +362,13 @@ def add_certs_parser(commands) -> None:
     lifetime.add_argument("--lifetime-days", type=positive_int, metavar="N",
                           help="days the certificate is valid (default: 10 years for a CA, 5 for the others)")
     lifetime.add_argument("--overwrite", action="store_true", help="replace the files if they exist")
+    lifetime.add_argument("--ca-key", type=absolute_path, metavar="PATH",
+                          help="the CA's private key (default: DIR/ca.key); keep it apart from what nodes and "
+                               "clients are given, e.g. in a folder only you can read")
 
     create_ca = certs_commands.add_parser("create-ca", parents=[lifetime],
-                                          help="make the cluster's CA: DIR/ca.crt and DIR/ca.key (keep the key safe)")
+                                          help="make the cluster's CA: DIR/ca.crt and its key (DIR/ca.key, or "
+                                               "--ca-key PATH: keep it apart)")
     create_ca.add_argument("directory", type=absolute_path, metavar="DIR")
     create_ca.set_defaults(handler=cmd_certs, certs_action=certs_create_ca, parser=create_ca)
 
@@ -429,6 +433,12 @@ def run(args: argparse.Namespace) -> int:
         if exc.code() == grpc.StatusCode.UNAVAILABLE and not client.has_credentials():
             print("hint: nodes serve TLS unless started with --insecure: connect with --cluster DIR (its "
                   "DIR/credentials), --credentials DIR or $VBC_CREDENTIALS", file=sys.stderr)
+        elif exc.code() == grpc.StatusCode.UNAVAILABLE and getattr(args, "user", None) \
+                and not getattr(args, "cluster", None):
+            print(f"hint: --user logs in by password on a node's client port (`vbc node start --client-addr`; "
+                  f"\"client\" in DIR/cluster.json), not on its gRPC port, which takes certificates only: is "
+                  f"{', '.join(named_addresses(args))} a client port? With --cluster DIR, --user finds them",
+                  file=sys.stderr)
     except (cluster_mod.ClusterError, client.ClusterFileError, LookupError) as exc:
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -1157,9 +1167,10 @@ def lifetime_option(args: argparse.Namespace) -> dict:
 def certs_create_ca(args: argparse.Namespace) -> int:
     from common import certs
 
-    cert_path = certs.create_ca(args.directory, overwrite=args.overwrite, **lifetime_option(args))
-    print(f"CA: {cert_path} and {args.directory / certs.CA_KEY} (the key signs every certificate of the cluster: "
-          "keep it away from the nodes)")
+    cert_path = certs.create_ca(args.directory, overwrite=args.overwrite, ca_key=args.ca_key,
+                                **lifetime_option(args))
+    print(f"CA: {cert_path} and {certs.ca_key_path(args.directory, args.ca_key)} (the key signs every certificate "
+          "of the cluster: keep it away from the nodes and clients)")
     return 0
 
 
@@ -1167,7 +1178,8 @@ def certs_create_node(args: argparse.Namespace) -> int:
     from common import certs
 
     cert_path, key_path = certs.create_node_cert(args.directory, args.node_id, args.hosts, out_dir=args.out,
-                                                 overwrite=args.overwrite, **lifetime_option(args))
+                                                 overwrite=args.overwrite, ca_key=args.ca_key,
+                                                 **lifetime_option(args))
     print(f"node {args.node_id}: {cert_path} and {key_path}, for hosts {', '.join(certs.unique(args.hosts))}")
     return 0
 
@@ -1176,7 +1188,8 @@ def certs_create_client(args: argparse.Namespace) -> int:
     from common import certs
 
     cert_path, key_path = certs.create_client_cert(args.directory, args.user, out_dir=args.out,
-                                                   overwrite=args.overwrite, **lifetime_option(args))
+                                                   overwrite=args.overwrite, ca_key=args.ca_key,
+                                                   **lifetime_option(args))
     print(f"client {args.user}: {cert_path} and {key_path}")
     return 0
 
