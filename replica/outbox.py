@@ -70,8 +70,8 @@ class ViewUpdateOutbox:
         Paging per target means entries queued for a node that is down never hold up the others. Entries for a
         node removed from the cluster are dropped (`drop_removed_targets`).
         """
-        self.drop_removed_targets()
-        for target in sorted(self._store.outbox_targets()):
+        targets = self._store.outbox_targets()
+        for target in sorted(targets - self.drop_removed_targets(targets)):
             after_id = 0
             for _ in range(max_pages):
                 page = self._store.outbox_pending(OUTBOX_BATCH, after_id=after_id, target=target)
@@ -82,13 +82,13 @@ class ViewUpdateOutbox:
                 if unclaimed and self.deliver(self._readable(unclaimed)):
                     break
 
-    def drop_removed_targets(self) -> int:
-        """Delete the entries addressed to nodes removed from the cluster; how many went.
+    def drop_removed_targets(self, targets: set[str]) -> set[str]:
+        """Delete the entries addressed to those of `targets` removed from the cluster; which they were.
 
         Such a node never comes back, and the view replicas it held were rebuilt from the base on their new nodes
         (a build reads the base rows these updates came from), so nothing else can ever take them.
         """
-        gone = set(self._removed_nodes()) & self._store.outbox_targets()
+        gone = set(self._removed_nodes()) & targets
         dropped = 0
         for target in sorted(gone):
             count = self._store.outbox_drop_target(target)
@@ -97,7 +97,7 @@ class ViewUpdateOutbox:
                         "(its view replicas were rebuilt elsewhere)", count, target)
         if dropped:
             self._metrics.view_updates_dropped.inc(dropped)
-        return dropped
+        return gone
 
     def _deliver_group(self, target: str, group: list[QueuedViewUpdate]) -> bool:
         try:
