@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from coordinator.core import auth
 from coordinator.core.auth import ALL_KEYSPACES, Principal, Resource
+from coordinator.core.errors import PermissionDenied
 
 from . import ast
 from .catalog import Catalog, keyspace_of
+from .roles import ROLE_STATEMENTS
 
 
 class StatementAuthorization:
@@ -48,7 +50,10 @@ class StatementAuthorization:
             return [("ALTER", self._base_of(s.view, missing=(keyspace_of(s.view), None)))]
         if isinstance(s, ast.DropIndex):
             return [("ALTER", self._base_of(s.index, missing=(keyspace_of(s.index), None)))]
-        return []  # role statements check their own rules (cql.roles)
+        if isinstance(s, ROLE_STATEMENTS):
+            return []  # role statements check their own rules (cql.roles)
+        raise PermissionDenied(f"{type(s).__name__} is not open to anyone but the cluster: no permission rule "
+                               "names it")
 
     def _base_of(self, name: ast.QualifiedName, missing: Resource | None = None) -> Resource:
         """The table `name` reads from: itself, or a view's base table; `missing` (default: the name as a table)

@@ -40,14 +40,33 @@ from common.certs import (
 
 log = logging.getLogger(__name__)
 
-NODE_ONLY_SERVICES = frozenset({"vbc.v1.Internode", "vbc.v1.Worker"})
 USER_KEY = "vbc-user"
 PASSWORD_KEY = "vbc-password"
-# administrative calls: a superuser's only (for Balancer, only switching it: its status needs a login)
-SUPERUSER_METHODS: dict[str, Callable[[object], bool]] = {
-    f"/vbc.v1.Admin/{name}": (lambda request: True)
-    for name in ("Inject", "CheckView", "MoveTablet", "ResizeTablets", "JoinCluster", "Decommission")}
-SUPERUSER_METHODS["/vbc.v1.Admin/Balancer"] = lambda request: getattr(request, "action", "") != "status"
+
+NODES = "a node of this cluster"  # node-to-node calls: a node certificate only
+LOGIN = "a login"  # any role that may log in (statements are authorized one by one after it)
+SUPERUSER = "a superuser"  # administrative calls
+
+
+def _balancer_policy(request) -> str:
+    return LOGIN if getattr(request, "action", "") == "status" else SUPERUSER  # its status needs a login only
+
+
+# Who may call each method of every service a node serves: a method no policy names is refused (PERMISSION_DENIED),
+# so a new RPC is closed until it is given one here (tests/test_node_authentication.py checks every method).
+METHOD_POLICIES: dict[str, str | Callable[[object], str]] = {
+    **{f"/vbc.v1.Client/{name}": LOGIN for name in ("Execute", "ExecuteStream", "Prepare", "Session")},
+    **{f"/vbc.v1.Admin/{name}": LOGIN for name in ("Status", "Tablets", "Migration", "NodeState")},
+    **{f"/vbc.v1.Admin/{name}": SUPERUSER
+       for name in ("Inject", "CheckView", "MoveTablet", "ResizeTablets", "JoinCluster", "Decommission")},
+    "/vbc.v1.Admin/Balancer": _balancer_policy,
+    **{f"/vbc.v1.Internode/{name}": NODES
+       for name in ("ReplicaWrite", "ReplicaWrites", "ViewUpdate", "ViewUpdates", "Scan", "LocalStatus",
+                    "SchemaBarrier", "MergeViewRows", "ReadRange", "StreamTablet", "CleanupTablet", "ReadTabletRows")},
+    "/vbc.v1.Worker/WorkOnViewBuildingTasks": NODES,
+    **{f"/grpc.health.v1.Health/{name}": LOGIN for name in ("Check", "List", "Watch")},
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": LOGIN,
+}
 VERIFIED_LOGINS = 1024  # password logins remembered, so that a session's calls do not each pay for scrypt
 
 
@@ -254,14 +273,19 @@ class Access(grpc.ServerInterceptor):
         return _checked(handler, handler_call_details.method, self._refusal)
 
     def _refusal(self, context: grpc.ServicerContext, method: str, request) -> tuple[grpc.StatusCode, str] | None:
-        if method.split("/")[1] in NODE_ONLY_SERVICES:
-            return _node_refusal(context, method)
+        policy = METHOD_POLICIES.get(method)
+        if policy is None:
+            return grpc.StatusCode.PERMISSION_DENIED, f"{method} is not open to anyone: no access policy names it"
+        needs = policy(request) if callable(policy) else policy
+        if needs == NODES:
+            refused = _node_refusal(context, method)
+            if refused is not None:
+                return refused
         try:
             principal = self._authenticator.principal(context)
         except CoreError as error:
             return grpc.StatusCode[error.code], error.message
-        needs_superuser = SUPERUSER_METHODS.get(method)
-        if needs_superuser is not None and needs_superuser(request) and not self._authenticator.is_superuser(principal):
+        if needs == SUPERUSER and not self._authenticator.is_superuser(principal):
             return grpc.StatusCode.PERMISSION_DENIED, f"{method} needs a superuser; {principal} is not one"
         return None
 

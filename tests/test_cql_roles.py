@@ -110,3 +110,18 @@ def test_role_statements_refuse_bind_values_and_preparation(executor):
 
 def test_the_cluster_principal_may_do_anything(executor):
     executor.execute("DROP TABLE other.t", principal=CLUSTER)
+
+
+def test_a_statement_kind_no_permission_rule_names_is_refused_to_all_but_the_cluster():
+    from dataclasses import dataclass
+
+    from cql.authorization import StatementAuthorization
+
+    @dataclass(frozen=True)
+    class Truncate:  # a statement kind added to the grammar without a rule
+        table: str
+
+    authorization = StatementAuthorization(catalog=None)
+    authorization.check(CLUSTER, Truncate("ks.t"))
+    with pytest.raises(PermissionDenied, match="Truncate is not open to anyone but the cluster"):
+        authorization.check(ALICE, Truncate("ks.t"))

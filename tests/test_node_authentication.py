@@ -136,6 +136,17 @@ def test_administrative_calls_need_a_superuser_and_status_a_login(authenticator,
     assert access._refusal(alice, "/vbc.v1.Admin/Inject", pb.InjectRequest()) is None
 
 
+def test_every_method_of_every_service_a_node_serves_has_an_access_policy_and_others_are_refused(authenticator):
+    from grpc_health.v1 import health_pb2
+    from grpc_reflection.v1alpha import reflection_pb2
+    services = [*pb.DESCRIPTOR.services_by_name.values(), *health_pb2.DESCRIPTOR.services_by_name.values(),
+                *reflection_pb2.DESCRIPTOR.services_by_name.values()]
+    methods = {f"/{service.full_name}/{method.name}" for service in services for method in service.methods}
+    assert methods == set(security.METHOD_POLICIES), "give every RPC a policy in node.security.METHOD_POLICIES"
+    code, message = security.Access(authenticator)._refusal(login("alice", PASSWORD), "/vbc.v1.Admin/Shiny", None)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "no access policy names it" in message
+
+
 def test_metrics_are_served_over_https_with_the_node_certificate(tmp_path, metrics):
     import ssl
     import urllib.request
