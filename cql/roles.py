@@ -21,7 +21,8 @@ ROLE_TIMEOUT = 20.0
 
 
 class RoleStatements:
-    """Runs the role statements for a principal."""
+    """Runs the role statements for a principal. The superuser checks here answer at once from this node's state;
+    group0 checks them again when the command applies (its `caller`), against the state of that moment."""
 
     def __init__(self, group0: Group0Client):
         self._group0 = group0
@@ -32,7 +33,8 @@ class RoleStatements:
     def _create_role(self, principal: Principal, s: ast.CreateRole) -> Result:
         self._require_superuser(principal, "CREATE ROLE")
         value = self._propose(CreateRole(name=s.name, password_hash=_hashed(s.password) or "", login=bool(s.login),
-                                         superuser=bool(s.superuser), if_not_exists=s.if_not_exists, cmd_id=new_id()))
+                                         superuser=bool(s.superuser), if_not_exists=s.if_not_exists,
+                                         caller=principal.role, cmd_id=new_id()))
         if value == "exists":
             return Result(message=f"role {s.name} already exists (IF NOT EXISTS): nothing done")
         return Result(message=f"created role {s.name}")
@@ -42,14 +44,14 @@ class RoleStatements:
         if not own_password_only:
             self._require_superuser(principal, "ALTER ROLE (other than of one's own password)")
         self._propose(AlterRole(name=s.name, password_hash=_hashed(s.password), login=s.login, superuser=s.superuser,
-                                cmd_id=new_id()))
+                                caller=principal.role, cmd_id=new_id()))
         return Result(message=f"altered role {s.name}")
 
     def _drop_role(self, principal: Principal, s: ast.DropRole) -> Result:
         self._require_superuser(principal, "DROP ROLE")
         if principal.role == s.name:
             raise InvalidArgument(f"role {s.name} cannot drop itself; log in as another superuser")
-        value = self._propose(DropRole(name=s.name, if_exists=s.if_exists, cmd_id=new_id()))
+        value = self._propose(DropRole(name=s.name, if_exists=s.if_exists, caller=principal.role, cmd_id=new_id()))
         if value == "absent":
             return Result(message=f"role {s.name} does not exist (IF EXISTS): nothing done")
         return Result(message=f"dropped role {s.name}")
@@ -65,7 +67,7 @@ class RoleStatements:
         self._require_superuser(principal, type(s).__name__.upper())
         keyspace, table = _resource(s.resource)
         self._propose(command(role=s.role, permissions=s.permissions, keyspace=keyspace, table=table,
-                              cmd_id=new_id()))
+                              caller=principal.role, cmd_id=new_id()))
         return Result(message=f"{done} {', '.join(s.permissions)} on {auth.resource_name((keyspace, table))} "
                               f"{preposition} {s.role}")
 

@@ -174,3 +174,21 @@ def test_a_permission_holds_exactly_when_a_grant_on_an_enclosing_resource_remain
         for resource in [(None, None), ("ks", None), ("ks", "t"), ("other", None), ("other", "t")]:
             expected = any((permission, outer) in model for outer in auth.enclosing(resource))
             assert auth.may(state, ALICE, permission, resource) == expected
+
+
+def test_role_commands_are_authorized_by_group0_when_they_apply_against_the_caller_of_that_moment():
+    state = Group0State()
+    applied(state, CreateRole(name="boss", login=True, superuser=True, cmd_id=None))
+    checked_on_a_lagging_node = CreateRole(name="mallory", login=True, superuser=True, caller="boss", cmd_id=None)
+    applied(state, AlterRole(name="boss", superuser=False, cmd_id=None))  # demoted meanwhile, by the cluster
+    assert refused(state, checked_on_a_lagging_node)[0] == "PERMISSION_DENIED"
+    assert "mallory" not in state.roles
+    for command in (GrantPermissions(role="boss", permissions=("SELECT",), caller="boss", cmd_id=None),
+                    RevokePermissions(role="boss", permissions=("SELECT",), caller="boss", cmd_id=None),
+                    DropRole(name="root", caller="boss", cmd_id=None),
+                    AlterRole(name="boss", superuser=True, caller="boss", cmd_id=None)):
+        code, message = refused(state, command)
+        assert code == "PERMISSION_DENIED" and "needs a superuser; role 'boss' is not one" in message
+    applied(state, AlterRole(name="boss", password_hash="scrypt$new", caller="boss", cmd_id=None))  # its own password
+    assert applied(state, CreateRole(name="carol", caller="root", cmd_id=None)) == "created"
+    assert refused(state, DropRole(name="root", caller="root", cmd_id=None))[0] == "INVALID_ARGUMENT"

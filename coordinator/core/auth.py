@@ -132,7 +132,14 @@ def permission_rows(state: Group0State, role: str | None = None, resource: Resou
 # ---------------------------------------------------------------- commands
 
 
+def check_caller(state: Group0State, caller: str | None, action: str) -> None:
+    """A role command's caller must be a superuser as group0 has it when the command applies (a role demoted a moment
+    ago cannot act through a node that has not seen it yet); None is the cluster."""
+    require_superuser(state, CLUSTER if caller is None else Principal(caller), action)
+
+
 def create_role(state: Group0State, cmd: CreateRole) -> str:
+    check_caller(state, cmd.caller, "CREATE ROLE")
     name = _role_name(cmd.name)
     if name in state.roles:
         if cmd.if_not_exists:
@@ -143,6 +150,8 @@ def create_role(state: Group0State, cmd: CreateRole) -> str:
 
 
 def alter_role(state: Group0State, cmd: AlterRole) -> str:
+    if cmd.caller != cmd.name or cmd.login is not None or cmd.superuser is not None:
+        check_caller(state, cmd.caller, "ALTER ROLE (other than of one's own password)")
     role = _existing(state, cmd.name)
     if role.name == ROOT and (cmd.superuser is False or cmd.login is False):
         raise FailedPrecondition("root stays a superuser that may log in; create another role to restrict")
@@ -155,6 +164,9 @@ def alter_role(state: Group0State, cmd: AlterRole) -> str:
 
 
 def drop_role(state: Group0State, cmd: DropRole) -> str:
+    check_caller(state, cmd.caller, "DROP ROLE")
+    if cmd.caller == cmd.name:
+        raise InvalidArgument(f"role {cmd.name} cannot drop itself; log in as another superuser")
     if cmd.name == ROOT:
         raise FailedPrecondition("root cannot be dropped")
     if cmd.name not in state.roles and cmd.if_exists:
@@ -166,6 +178,7 @@ def drop_role(state: Group0State, cmd: DropRole) -> str:
 
 
 def grant(state: Group0State, cmd: GrantPermissions) -> str:
+    check_caller(state, cmd.caller, "GRANT")
     role, resource, permissions = _grant_parts(state, cmd)
     by_resource = state.grants.setdefault(role.name, {})
     by_resource[resource] = by_resource.get(resource, frozenset()) | permissions
@@ -173,6 +186,7 @@ def grant(state: Group0State, cmd: GrantPermissions) -> str:
 
 
 def revoke(state: Group0State, cmd: RevokePermissions) -> str:
+    check_caller(state, cmd.caller, "REVOKE")
     role, resource, permissions = _grant_parts(state, cmd)
     by_resource = state.grants.get(role.name, {})
     left = by_resource.get(resource, frozenset()) - permissions

@@ -313,6 +313,7 @@ class CreateRole(Command):
     login: bool = False
     superuser: bool = False
     if_not_exists: bool = False
+    caller: str | None = None  # the role proposing it, checked when applied; None: the cluster (and older entries)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -324,6 +325,7 @@ class AlterRole(Command):
     password_hash: str | None = dataclasses.field(default=None, repr=False)
     login: bool | None = None
     superuser: bool | None = None
+    caller: str | None = None  # the role proposing it, checked when applied; None: the cluster (and older entries)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,6 +333,7 @@ class DropRole(Command):
     op: ClassVar[str] = "drop_role"
     name: str
     if_exists: bool = False
+    caller: str | None = None  # the role proposing it, checked when applied; None: the cluster (and older entries)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,6 +345,7 @@ class GrantPermissions(Command):
     permissions: tuple[str, ...]
     keyspace: str | None = None
     table: str | None = None
+    caller: str | None = None  # the role proposing it, checked when applied; None: the cluster (and older entries)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,6 +355,7 @@ class RevokePermissions(Command):
     permissions: tuple[str, ...]
     keyspace: str | None = None
     table: str | None = None
+    caller: str | None = None  # the role proposing it, checked when applied; None: the cluster (and older entries)
 
 
 COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, AlterTable, CreateView,
@@ -477,7 +482,7 @@ _REQUIRED = object()
 # Fields added to a version 2 command after entries without them were journaled: absent means the value of
 # the field's JOURNAL_ABSENT metadata, else its default.
 ADDED_WITH_DEFAULT = frozenset({"rows_scanned", "refuse_with_tables", "kind", "move_data", "source_node",
-                                "source_shard", "implied_not_null"})
+                                "source_shard", "implied_not_null", "caller"})
 _ENVELOPE = ("op", "v")
 
 
