@@ -27,14 +27,17 @@ class ClientService(rpc.ClientServicer):
     """Runs statements through the executor for the caller's principal; failures are counted by status code.
 
     `principal_of(context)` says who calls (None: a node without authentication, where every caller may do
-    anything)."""
+    anything); `still_allowed(principal)` raises when a session's role was dropped or may no longer log in: a
+    session's statements are checked against its role as it is now."""
 
     def __init__(self, executor: Executor, error_counter, open_calls: OpenCalls,
-                 principal_of: Callable[[object], Principal] | None = None):
+                 principal_of: Callable[[object], Principal] | None = None,
+                 still_allowed: Callable[[Principal], None] = lambda principal: None):
         self._executor = executor
         self.error_counter = error_counter
         self._open_calls = open_calls
         self._principal_of = principal_of
+        self._still_allowed = still_allowed
 
     @unary
     def Execute(self, request, context):
@@ -44,8 +47,12 @@ class ClientService(rpc.ClientServicer):
         principal = self._principal(context)
         return self._open_calls.answers(
             self, request_iterator, context,
-            lambda request: pb.SessionAnswer(response=self._execute(request, principal)),
+            lambda request: pb.SessionAnswer(response=self._session_statement(request, principal)),
             lambda code, message: pb.SessionAnswer(error_code=code, error_message=message))
+
+    def _session_statement(self, request: pb.ExecuteRequest, principal: Principal) -> pb.ExecuteResponse:
+        self._still_allowed(principal)
+        return self._execute(request, principal)
 
     def _principal(self, context) -> Principal:
         return CLUSTER if self._principal_of is None else self._principal_of(context)

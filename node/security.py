@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import threading
+import weakref
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -157,10 +158,22 @@ class Authenticator:
         self._clock = clock
         self._key = os.urandom(32)
         self._verified: OrderedDict[bytes, str] = OrderedDict()
+        self._by_call: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # call context -> its principal
         self._lock = threading.Lock()
 
     def principal(self, context: grpc.ServicerContext) -> Principal:
-        """The caller's principal, or Unauthenticated saying what to give."""
+        """The caller's principal, or Unauthenticated saying what to give; resolved once per call (the access check
+        and the handler ask the same call's context)."""
+        with self._lock:
+            known = self._by_call.get(context)
+        if known is not None:
+            return known
+        principal = self._resolve(context)
+        with self._lock:
+            self._by_call[context] = principal
+        return principal
+
+    def _resolve(self, context: grpc.ServicerContext) -> Principal:
         identity = caller(context)
         if identity is not None:
             if identity.kind == "node":
@@ -180,6 +193,11 @@ class Authenticator:
             self._refused(f"node {node_id}", "certificate of a node removed from the cluster", context)
             raise Unauthenticated(f"node {node_id} was removed from the cluster: its certificate is no longer accepted")
         return CLUSTER
+
+    def still_allowed(self, principal: Principal) -> None:
+        """Unauthenticated when `principal`'s role was dropped or may no longer log in (a session opened before)."""
+        if not principal.unrestricted:
+            self._read(lambda state: auth.login_role(state, principal.role))
 
     def _certificate_login(self, name: str, context) -> Principal:
         try:

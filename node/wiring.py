@@ -237,7 +237,8 @@ class Node:
                              interceptors=() if authenticator is None else (security.Access(authenticator),))
         rpc.add_ClientServicer_to_server(ClientService(
             self.executor, self.metrics.statement_errors, self._sessions,
-            principal_of=None if authenticator is None else authenticator.principal), server)
+            principal_of=None if authenticator is None else authenticator.principal,
+            **({} if authenticator is None else {"still_allowed": authenticator.still_allowed})), server)
         self._admin = AdminService(AdminDeps(
             node_id=self.node_id, read_state=self.group0.read, raft_status=self.group0.status,
             require_ready=self.require_ready, probe=self.endpoint.local_status, injections=self.injections,

@@ -114,11 +114,11 @@ def test_certificates_name_a_node_or_a_role_that_may_log_in(authenticator, tmp_p
 def test_the_certificate_of_a_node_removed_from_the_cluster_is_refused(authenticator, state, tmp_path):
     certs.create_ca(tmp_path)
     certs.create_node_cert(tmp_path, "n7", ["127.0.0.1"], out_dir=tmp_path / "n7")
-    node = CallContext((tmp_path / "n7" / certs.NODE_CERT).read_bytes())
-    assert authenticator.principal(node) == CLUSTER
+    pem = (tmp_path / "n7" / certs.NODE_CERT).read_bytes()
+    assert authenticator.principal(CallContext(pem)) == CLUSTER
     state.removed_nodes.add("n7")
     with pytest.raises(Unauthenticated, match="node n7 was removed from the cluster"):
-        authenticator.principal(node)
+        authenticator.principal(CallContext(pem))  # the next call
 
 
 def test_administrative_calls_need_a_superuser_and_status_a_login(authenticator, state):
@@ -252,3 +252,23 @@ def test_the_login_throttle_refills_one_failure_per_interval_up_to_its_burst():
 def test_a_peer_host_is_its_address_without_the_port():
     assert security.peer_host("ipv4:127.0.0.1:4242") == "127.0.0.1"
     assert security.peer_host("ipv6:[::1]:4242") == "[::1]"
+
+
+def test_a_call_s_principal_is_resolved_once(state, metrics):
+    lookups = []
+    authenticator = security.Authenticator(lambda fn: lookups.append(1) or fn(state), metrics.failed_logins)
+    call = login("alice", PASSWORD)
+    assert authenticator.principal(call) == authenticator.principal(call) == Principal("alice")
+    assert len(lookups) == 1  # the access check and the handler share one answer
+
+
+def test_a_session_s_role_dropped_or_denied_login_is_refused_at_its_next_statement(authenticator, state):
+    from coordinator.core.commands import DropRole
+    authenticator.still_allowed(Principal("alice"))
+    authenticator.still_allowed(CLUSTER)
+    state.apply(AlterRole(name="alice", login=False, cmd_id=None))
+    with pytest.raises(Unauthenticated, match="may not log in"):
+        authenticator.still_allowed(Principal("alice"))
+    state.apply(DropRole(name="alice", cmd_id=None))
+    with pytest.raises(Unauthenticated, match="no role 'alice'"):
+        authenticator.still_allowed(Principal("alice"))
