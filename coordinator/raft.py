@@ -7,11 +7,13 @@ import logging
 import pickle
 import threading
 import time
+from functools import partial
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, TypeVar
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.transport import TCPTransport
 
 from coordinator.core.commands import Command, encode
 from coordinator.core.errors import Unavailable
@@ -57,6 +59,23 @@ def raft_options(data_dir: Path, password: str) -> dict:
         "logCompactionMinEntries": 5000,
         "logCompactionMinTime": 300,
     }
+
+
+class CheckedTransport(TCPTransport):
+    """pysyncobj's TCP transport with a check in front of the member's message handler: a snapshot chunk does not
+    move the commit index. pysyncobj moves it for every append_entries message, but a snapshot chunk skips the
+    check that the follower's log matches the leader's, so a stale uncommitted entry of the follower's was applied
+    (and its proposer told SUCCESS) on the first chunk of a snapshot. The next regular append moves it instead."""
+
+    def setOnMessageReceivedCallback(self, callback):
+        super().setOnMessageReceivedCallback(None if callback is None else partial(_no_commit_on_snapshot_chunks,
+                                                                                   self._syncObj, callback))
+
+
+def _no_commit_on_snapshot_chunks(syncobj: SyncObj, callback: Callable, node, message) -> None:
+    if isinstance(message, dict) and message.get("type") == "append_entries" and "serialized" in message:
+        message = {**message, "commit_index": min(message.get("commit_index", 0), syncobj.raftCommitIndex)}
+    callback(node, message)
 
 
 class StateMachine(Protocol):
@@ -255,6 +274,7 @@ class Group0:
             self._data_dir.mkdir(parents=True, exist_ok=True)
             self._conf.onStateChanged = self._state_changed
             self._syncobj = SyncObj(self._raft_addr, list(self._peers.values()), conf=self._conf,
+                                    transportClass=CheckedTransport,
                                     consumers=[self._state])
         self._wait_bound()
 

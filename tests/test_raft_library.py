@@ -1,0 +1,58 @@
+"""What group0 corrects in pysyncobj, shown on hand-ticked members fed messages by hand (no timing, no peers running).
+
+Each test shows the library's own behaviour next to ours, so a new pysyncobj version that changes it fails here."""
+from __future__ import annotations
+
+from importlib.metadata import version
+
+import pytest
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.transport import TCPTransport
+
+from coordinator.raft import CheckedTransport
+from vbc.cluster import allocate_ports
+
+PINNED = "0.3.17"
+
+
+def test_the_pinned_pysyncobj_is_the_one_installed():
+    assert version("pysyncobj") == PINNED, "group0's corrections were made for pysyncobj " + PINNED + ": read them again"
+
+
+class Counter(SyncObj):
+    def __init__(self, self_addr: str, others: list[str], transport_class: type):
+        super().__init__(self_addr, others, SyncObjConf(autoTick=False, dynamicMembershipChange=True),
+                         transportClass=transport_class)
+        self.value = 0
+
+    @replicated
+    def add(self, x: int) -> int:
+        self.value += x
+        return self.value
+
+
+def private(member: SyncObj, name: str):
+    return getattr(member, "_SyncObj__" + name)
+
+
+@pytest.mark.parametrize("transport_class, stale_entry_applied", [(TCPTransport, True), (CheckedTransport, False)])
+def test_a_snapshot_chunk_does_not_commit_a_stale_uncommitted_entry(transport_class, stale_entry_applied):
+    addresses = [f"127.0.0.1:{port}" for port in allocate_ports(3)]
+    follower = Counter(addresses[0], addresses[1:], transport_class)
+    try:
+        follower.add(5)  # a command as a local call enqueues it: it becomes the follower's stale tail below
+        command, _ = private(follower, "commandsQueue").get_nowait()
+        private(follower, "raftLog").add(command, 2, 1)  # uncommitted, written while it led term 1
+        setattr(follower, "_SyncObj__raftCurrentTerm", 1)
+        answers = []
+        private(follower, "commandsWaitingCommit")[2].append((1, lambda result, error: answers.append(error)))
+        leader = next(iter(follower.otherNodes))
+        transport = private(follower, "transport")
+        # the new leader (term 2) compacted past index 2: it sends its snapshot; this is the first chunk only
+        transport._onMessageReceived(leader, {"type": "append_entries", "term": 2, "commit_index": 50,
+                                              "serialized": (b"first-chunk", True, False)})
+        private(follower, "applyLogEntries")()
+        assert (follower.value == 5) == stale_entry_applied
+        assert (answers == [FAIL_REASON.SUCCESS]) == stale_entry_applied
+    finally:
+        private(follower, "transport").destroy()
