@@ -1,6 +1,7 @@
 """Group0's Raft adapter: replicates state-machine commands to every member through pysyncobj."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import hmac
 import logging
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import pickle as raft_pickle
+from pysyncobj.journal import FileJournal
 from pysyncobj.transport import TCPTransport
 
 from coordinator.core.commands import Command, encode
@@ -272,6 +275,7 @@ class Group0:
                 logger.warning("group0 started from thread %s: it stops ticking when that thread exits",
                                threading.current_thread().name)
             self._data_dir.mkdir(parents=True, exist_ok=True)
+            match_journal_to_dump(self._data_dir / JOURNAL_FILE, self._data_dir / DUMP_FILE)
             self._conf.onStateChanged = self._state_changed
             self._syncobj = SyncObj(self._raft_addr, list(self._peers.values()), conf=self._conf,
                                     transportClass=CheckedTransport,
@@ -557,6 +561,29 @@ class Group0:
         return (f"{len(unreachable)} of {members} members unreachable from {self._node_id} ({names}); "
                 f"a majority of {members // 2 + 1} must run and reach each other: "
                 f"start them, or check their raft address, port and password")
+
+
+def match_journal_to_dump(journal_path: Path, dump_path: Path) -> None:
+    """Cut the journal before the entries the full dump ends with, as pysyncobj would have on its next tick.
+
+    pysyncobj writes the dump, then cuts the journal on a later tick; at start it keeps the journal only if it
+    begins with the dump's last two entries, and otherwise clears it down to them. A member that stopped between
+    the two would so lose the entries appended after the dump, acknowledged ones among them."""
+    if not (journal_path.is_file() and dump_path.is_file()):
+        return
+    with open(dump_path, "rb") as file, gzip.GzipFile(fileobj=file) as unzipped:
+        _, last, before_last, _ = raft_pickle.load(unzipped)
+    journal = FileJournal(str(journal_path))
+    try:
+        entries = [journal[i] for i in range(len(journal))]
+        start = next((i for i in range(len(entries) - 1)
+                      if entries[i] == before_last and entries[i + 1] == last), None)
+        if start:
+            logger.info("group0 journal %s: cutting the %d entries before its full dump's (a stop came between "
+                        "writing the dump and cutting the journal)", journal_path, start)
+            journal.deleteEntriesTo(start)
+    finally:
+        journal._destroy()
 
 
 def _check_membership(node_id: str, raft_addr: str, peers: Mapping[str, str]) -> None:

@@ -493,3 +493,51 @@ def test_only_the_leader_admits_and_it_first_writes_a_dump_naming_the_members_of
     joiner.start()
     wait_until(lambda: joiner.applied_index >= leader.applied_index, 10.0, "the joiner to catch up")
     assert joiner.members() == leader.members() == {*cluster.addrs.values(), address}
+
+
+@pytest.mark.parametrize("matched", [True, False], ids=["group0", "pysyncobj-alone"])
+def test_entries_appended_after_a_dump_survive_a_stop_before_the_journal_was_cut(tmp_path, monkeypatch, matched):
+    """pysyncobj writes a full dump, then cuts the journal on a later tick; a member stopped in between kept (in
+    pysyncobj alone) only the dump, losing the acknowledged entries after it. The stop is made on disk: the
+    journal of before the cut, with the entries appended since."""
+    from pysyncobj.journal import FileJournal
+
+    from coordinator import raft
+    [address] = [f"127.0.0.1:{port}" for port in allocate_ports(1)]
+    data_dir = tmp_path / "n1"
+
+    def member() -> Group0:
+        started = Group0(node_id="n1", raft_addr=address, peers={}, data_dir=data_dir, state_machine=KeyValue(),
+                         password=PASSWORD)
+        started.start()
+        wait_until(lambda: started.is_leader, ELECTION_TIMEOUT, "the single member to lead")
+        return started
+
+    first = member()
+    try:
+        for value in range(10):
+            first.propose(put(f"k{value}", value))
+        uncut = [first._syncobj._SyncObj__raftLog[i] for i in range(len(first._syncobj._SyncObj__raftLog))]
+        first.write_full_dump()
+        for value in range(10, 14):
+            first.propose(put(f"k{value}", value))
+        after = [e for e in (first._syncobj._SyncObj__raftLog[i] for i in range(len(first._syncobj._SyncObj__raftLog)))
+                 if e[1] > uncut[-1][1]]
+        expected = first.read(KeyValue.snapshot)[0]
+    finally:
+        first.close()
+    journal = FileJournal(str(data_dir / JOURNAL_FILE))
+    journal.clear()
+    for entry in uncut + after:  # as if the cut had not happened
+        journal.add(*entry)
+    journal._destroy()
+    if not matched:
+        monkeypatch.setattr(raft, "match_journal_to_dump", lambda journal_path, dump_path: None)
+    again = member()
+    try:
+        again.barrier()
+        restored = again.read(KeyValue.snapshot)[0]
+    finally:
+        again.close()
+    assert (restored == expected) == matched  # pysyncobj alone keeps the dump only: k10..k13 are gone
+    assert matched or "k13" not in restored
