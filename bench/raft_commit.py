@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -201,17 +202,36 @@ def measure_cluster(n: int, raft_overrides: dict, in_process: bool) -> dict:
     return result
 
 
+def fsync_floor_ms(n: int = 200) -> float:
+    """p50 of a 100-byte append and fsync in the directory the members' data goes to: what one sync costs here."""
+    with tempfile.TemporaryDirectory(prefix="raft-bench-fsync-") as tmp:
+        fd = os.open(Path(tmp) / "probe", os.O_WRONLY | os.O_CREAT)
+        try:
+            latencies = []
+            for _ in range(n):
+                started = time.perf_counter()
+                os.write(fd, b"x" * 100)
+                os.fsync(fd)
+                latencies.append((time.perf_counter() - started) * 1000.0)
+        finally:
+            os.close(fd)
+    return statistics.median(latencies)
+
+
 def measure_commit_latency(n: int = 2000, baseline_n: int = 100, in_process: bool = False) -> dict:
-    """Commit latency of group0's settings and of pysyncobj's batching default (baseline_n commands)."""
+    """Commit latency of group0's settings and of pysyncobj's batching default (baseline_n commands), and the
+    disk's fsync floor measured in the same run (group0 syncs its journal before an append or its reply leaves)."""
+    fsync_ms = fsync_floor_ms()
     tuned = measure_cluster(n, {}, in_process)
     baseline = measure_cluster(baseline_n, BASELINE_OVERRIDES, in_process)
     speedup = {role: baseline[role]["p50_ms"] / tuned[role]["p50_ms"] for role in ("leader", "follower")}
     return {"members": len(MEMBER_IDS), "mode": "in-process" if in_process else "process-per-member",
-            "tuned": tuned, "baseline": baseline, "p50_speedup": speedup}
+            "fsync_p50_ms": fsync_ms, "tuned": tuned, "baseline": baseline, "p50_speedup": speedup}
 
 
 def print_report(report: dict) -> None:
     print(f"group0 commit latency, {report['members']} members on loopback, {report['mode']}")
+    print(f"a plain 100-byte write + fsync here, p50: {report['fsync_p50_ms']:.3f} ms")
     print(f"{'config':<10} {'proposer':<9} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cmd/s':>8}")
     for config in ("tuned", "baseline"):
         for role in ("leader", "follower"):

@@ -1,7 +1,6 @@
 """Group0's Raft adapter: replicates state-machine commands to every member through pysyncobj."""
 from __future__ import annotations
 
-import gzip
 import hashlib
 import hmac
 import logging
@@ -14,9 +13,10 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
-from pysyncobj import pickle as raft_pickle
-from pysyncobj.journal import FileJournal
 from pysyncobj.transport import TCPTransport
+
+from coordinator import raft_storage
+from coordinator.raft_storage import DUMP_FILE, match_journal_to_dump
 
 from coordinator.core.commands import Command, encode
 from coordinator.core.errors import Unavailable
@@ -26,7 +26,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 JOURNAL_FILE = "raft.journal"  # pysyncobj also writes "raft.journal.meta" (term, vote, commit index)
-DUMP_FILE = "raft.dump"
 
 _RAFT_STATE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
 _FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() if not name.startswith("_")}
@@ -65,14 +64,28 @@ def raft_options(data_dir: Path, password: str) -> dict:
 
 
 class CheckedTransport(TCPTransport):
-    """pysyncobj's TCP transport with a check in front of the member's message handler: a snapshot chunk does not
-    move the commit index. pysyncobj moves it for every append_entries message, but a snapshot chunk skips the
+    """pysyncobj's TCP transport, syncing the member's journal before a message leaves (`before_send`), with a check
+    in front of the member's message handler: a snapshot chunk does not move the commit index. pysyncobj moves it for every append_entries message, but a snapshot chunk skips the
     check that the follower's log matches the leader's, so a stale uncommitted entry of the follower's was applied
     (and its proposer told SUCCESS) on the first chunk of a snapshot. The next regular append moves it instead."""
+
+    def __init__(self, syncObj, selfNode, otherNodes, before_send: Callable[[], None] = lambda: None):
+        super().__init__(syncObj, selfNode, otherNodes)
+        self._before_send = before_send
 
     def setOnMessageReceivedCallback(self, callback):
         super().setOnMessageReceivedCallback(None if callback is None else partial(_no_commit_on_snapshot_chunks,
                                                                                    self._syncObj, callback))
+
+    def send(self, node, message):
+        self._before_send()  # what the message says (an append, its reply, a vote) is on disk first
+        return super().send(node, message)
+
+
+def _sync_journal(path: Path) -> None:
+    journal = raft_storage.journal_of(path)
+    if journal is not None:
+        journal.sync()
 
 
 def _no_commit_on_snapshot_chunks(syncobj: SyncObj, callback: Callable, node, message) -> None:
@@ -275,10 +288,13 @@ class Group0:
                 logger.warning("group0 started from thread %s: it stops ticking when that thread exits",
                                threading.current_thread().name)
             self._data_dir.mkdir(parents=True, exist_ok=True)
-            match_journal_to_dump(self._data_dir / JOURNAL_FILE, self._data_dir / DUMP_FILE)
+            journal = self._data_dir / JOURNAL_FILE
+            match_journal_to_dump(journal, self._data_dir / DUMP_FILE)
+            raft_storage.install()
             self._conf.onStateChanged = self._state_changed
             self._syncobj = SyncObj(self._raft_addr, list(self._peers.values()), conf=self._conf,
-                                    transportClass=CheckedTransport,
+                                    transportClass=partial(CheckedTransport,
+                                                           before_send=partial(_sync_journal, journal)),
                                     consumers=[self._state])
         self._wait_bound()
 
@@ -561,29 +577,6 @@ class Group0:
         return (f"{len(unreachable)} of {members} members unreachable from {self._node_id} ({names}); "
                 f"a majority of {members // 2 + 1} must run and reach each other: "
                 f"start them, or check their raft address, port and password")
-
-
-def match_journal_to_dump(journal_path: Path, dump_path: Path) -> None:
-    """Cut the journal before the entries the full dump ends with, as pysyncobj would have on its next tick.
-
-    pysyncobj writes the dump, then cuts the journal on a later tick; at start it keeps the journal only if it
-    begins with the dump's last two entries, and otherwise clears it down to them. A member that stopped between
-    the two would so lose the entries appended after the dump, acknowledged ones among them."""
-    if not (journal_path.is_file() and dump_path.is_file()):
-        return
-    with open(dump_path, "rb") as file, gzip.GzipFile(fileobj=file) as unzipped:
-        _, last, before_last, _ = raft_pickle.load(unzipped)
-    journal = FileJournal(str(journal_path))
-    try:
-        entries = [journal[i] for i in range(len(journal))]
-        start = next((i for i in range(len(entries) - 1)
-                      if entries[i] == before_last and entries[i + 1] == last), None)
-        if start:
-            logger.info("group0 journal %s: cutting the %d entries before its full dump's (a stop came between "
-                        "writing the dump and cutting the journal)", journal_path, start)
-            journal.deleteEntriesTo(start)
-    finally:
-        journal._destroy()
 
 
 def _check_membership(node_id: str, raft_addr: str, peers: Mapping[str, str]) -> None:

@@ -584,7 +584,12 @@ def cmd_node_start(args: argparse.Namespace) -> int:
                         **({"spark_master": args.spark_master} if args.spark_master else {}),
                         **({"spark_java_options": args.spark_java_options}
                            if args.spark_java_options is not None else {}))
-    serve(config)
+    from coordinator.raft_storage import CorruptRaftFile
+    try:
+        serve(config)
+    except CorruptRaftFile as error:
+        print(f"error: node {args.id} cannot start: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,81 @@
+"""group0's Raft files made durable (coordinator/raft_storage.py): what is synced when, and a corrupt meta file."""
+from __future__ import annotations
+
+import pytest
+
+from coordinator import raft_storage
+from coordinator.raft import JOURNAL_FILE, Group0
+from coordinator.raft_storage import CorruptRaftFile, DurableJournal
+from vbc.cluster import allocate_ports
+
+from .test_raft_adapter import ELECTION_TIMEOUT, PASSWORD, KeyValue, put, wait_until
+
+
+@pytest.fixture
+def synced(monkeypatch) -> list[str]:
+    """The paths fsync'd, in order."""
+    calls: list[str] = []
+    real = raft_storage.sync_file
+    monkeypatch.setattr(raft_storage, "sync_file", lambda path: calls.append(str(path)) or real(path))
+    return calls
+
+
+def test_a_burst_of_appends_is_synced_once_before_it_is_relied_on(tmp_path, synced):
+    journal = DurableJournal(str(tmp_path / JOURNAL_FILE))
+    try:
+        for index in range(1, 6):
+            journal.add(b"command", index, 1)
+        assert synced == []  # nothing yet: appends only mark the journal dirty
+        journal.sync()
+        journal.sync()  # clean: no second fsync
+        assert synced == [str(tmp_path / JOURNAL_FILE)] and journal.syncs == 1
+        journal.add(b"command", 6, 1)
+        journal.setRaftCommitIndex(6)  # a commit index only over synced entries
+        assert journal.syncs == 2
+        journal.setCurrentTerm(2, "127.0.0.1:1")
+        assert synced[-2:] == [str(tmp_path / (JOURNAL_FILE + ".meta")), str(tmp_path)]  # the file, then the rename
+    finally:
+        journal._destroy()
+
+
+def test_the_dump_is_synced_before_the_entries_it_replaces_are_cut(tmp_path, synced):
+    (tmp_path / raft_storage.DUMP_FILE).write_bytes(b"a dump")
+    journal = DurableJournal(str(tmp_path / JOURNAL_FILE))
+    try:
+        for index in range(1, 4):
+            journal.add(b"command", index, 1)
+        journal.deleteEntriesTo(1)
+        assert synced[:2] == [str(tmp_path / raft_storage.DUMP_FILE), str(tmp_path)]
+        assert synced[2] == str(tmp_path / JOURNAL_FILE)
+    finally:
+        journal._destroy()
+
+
+def test_a_member_syncs_its_journal_before_its_messages_leave(tmp_path):
+    addresses = [f"127.0.0.1:{port}" for port in allocate_ports(2)]
+    members = [Group0(node_id=f"n{i}", raft_addr=addresses[i], peers={f"n{1 - i}": addresses[1 - i]},
+                      data_dir=tmp_path / f"n{i}", state_machine=KeyValue(), password=PASSWORD) for i in (0, 1)]
+    try:
+        for member in members:
+            member.start()
+        leader = wait_until(lambda: next((m for m in members if m.is_leader), None), ELECTION_TIMEOUT, "a leader")
+        before = {m.node_id: raft_storage.journal_of(tmp_path / m.node_id / JOURNAL_FILE).syncs for m in members}
+        for value in range(5):
+            leader.propose(put(f"k{value}", value))
+        after = {m.node_id: raft_storage.journal_of(tmp_path / m.node_id / JOURNAL_FILE).syncs for m in members}
+        assert all(after[node] > before[node] for node in after)  # the leader's appends, the follower's replies
+    finally:
+        for member in members:
+            member.close()
+
+
+def test_a_corrupt_meta_file_refuses_to_start_with_what_to_do(tmp_path):
+    data_dir = tmp_path / "n1"
+    data_dir.mkdir()
+    (data_dir / (JOURNAL_FILE + ".meta")).write_bytes(b"\x80\x04 not a pickle")
+    [address] = [f"127.0.0.1:{port}" for port in allocate_ports(1)]
+    member = Group0(node_id="n1", raft_addr=address, peers={}, data_dir=data_dir, state_machine=KeyValue(),
+                    password=PASSWORD)
+    with pytest.raises(CorruptRaftFile, match="could vote twice in one term"):
+        member.start()
+    member.close()
