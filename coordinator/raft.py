@@ -142,14 +142,10 @@ class _ReplicatedState(SyncObjConsumer):
         self._replica = _Replica(state_machine)
         self._on_applied = on_applied
         self._on_dump_loaded = on_dump_loaded
-        self.dumped_index = -1  # the applied index of the last full dump this process wrote
         self.changed = threading.Condition()  # guards _replica; notified on every applied command
         self.closed = False
 
     def _serialize(self) -> dict:
-        with self.changed:
-            self.dumped_index = self._replica.applied_index
-            self.changed.notify_all()
         return {"replica": self._replica}
 
     def _deserialize(self, data: dict) -> None:
@@ -392,14 +388,19 @@ class Group0:
     def write_full_dump(self, timeout: float = 10.0) -> None:
         """Write a full dump of what this member applied and cut its journal before it; Group0Unavailable when
         that takes longer than `timeout`."""
-        target = self.applied_index
+        target = self._syncobj.raftLastApplied  # a Raft log index (the state machine's count skips no-ops)
         deadline = time.monotonic() + timeout
         self.force_log_compaction()
-        while self._state.dumped_index < target or self.status()["log_len"] > self.applied_index - target + 2:
+        while not self._journal_cut_at(target):
             if time.monotonic() >= deadline:
                 raise Group0Unavailable(f"group0 {self._node_id} did not write its full dump within {timeout:g}s")
             if self._closed.wait(_DUMP_POLL):
                 raise Group0Unavailable(f"group0 {self._node_id} closed while writing its full dump")
+
+    def _journal_cut_at(self, index: int) -> bool:
+        """Whether the journal was cut at a dump of Raft log index `index` or later (it keeps the dump's last two)."""
+        journal = raft_storage.journal_of(self._data_dir / JOURNAL_FILE)
+        return journal is not None and len(journal) > 0 and journal[0][1] >= index - 1
 
     def barrier(self, timeout: float = 10.0) -> int:
         """Wait until this node has applied everything committed before the call; return applied_index."""
