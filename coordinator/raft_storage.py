@@ -56,6 +56,7 @@ class DurableJournal(FileJournal):
         self._path = journal_file
         self._directory = os.path.dirname(os.path.abspath(journal_file))
         self._dump = os.path.join(self._directory, DUMP_FILE)
+        self._fd = os.open(journal_file, os.O_RDONLY)  # kept open: a sync is then one fsync call
         self._dirty = False
         self._cutting = False
         self._lock = threading.Lock()
@@ -99,8 +100,12 @@ class DurableJournal(FileJournal):
             if not self._dirty:
                 return
             self._dirty = False
-            sync_file(self._path)  # the mapped pages are the file's: an fsync of any descriptor writes them
+            os.fsync(self._fd)  # the mapped pages are the file's: an fsync of any descriptor writes them
             self.syncs += 1
+
+    def _destroy(self):
+        super()._destroy()
+        os.close(self._fd)
 
     def _sync_dump(self) -> None:
         if os.path.exists(self._dump):
