@@ -95,7 +95,8 @@ def test_a_role_reads_what_it_was_granted_and_writes_only_after_grant_modify(tmp
         assert {r["role"]: r["super"] for r in map(json.loads, roles.stdout.splitlines())} == {
             "alice": False, "root": True}
 
-        certs.create_client_cert(cluster.data_dir / "credentials", "bob", out_dir=tmp_path / "bob")
+        certs.create_client_cert(cluster.data_dir / "credentials", "bob", out_dir=tmp_path / "bob",
+                                 ca_key=cluster.data_dir / "ca" / "ca.key")  # kept apart from the credentials
         bob = vbc("exec", "--addr", cluster.addr("n1"), "--credentials", str(tmp_path / "bob"), "LIST ROLES")
         assert bob.returncode != 0 and "UNAUTHENTICATED" in bob.stderr and "no role 'bob'" in bob.stderr
         status = vbc("status", "--cluster", str(cluster.data_dir), "--json")
