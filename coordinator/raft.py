@@ -7,8 +7,8 @@ import logging
 import pickle
 import threading
 import time
-from functools import partial
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -65,9 +65,10 @@ def raft_options(data_dir: Path, password: str) -> dict:
 
 class CheckedTransport(TCPTransport):
     """pysyncobj's TCP transport, syncing the member's journal before a message leaves (`before_send`), with a check
-    in front of the member's message handler: a snapshot chunk does not move the commit index. pysyncobj moves it for every append_entries message, but a snapshot chunk skips the
-    check that the follower's log matches the leader's, so a stale uncommitted entry of the follower's was applied
-    (and its proposer told SUCCESS) on the first chunk of a snapshot. The next regular append moves it instead."""
+    in front of the member's message handler: a snapshot chunk does not move the commit index. pysyncobj moves it
+    for every append_entries message, but a snapshot chunk skips the check that the follower's log matches the
+    leader's, so a stale uncommitted entry of the follower's was applied (and its proposer told SUCCESS) on the
+    first chunk of a snapshot. The next regular append moves it instead."""
 
     def __init__(self, syncObj, selfNode, otherNodes, before_send: Callable[[], None] = lambda: None):
         super().__init__(syncObj, selfNode, otherNodes)

@@ -1,4 +1,4 @@
-"""group0's Raft files made durable: pysyncobj's journal, meta file and full dump, synced before anything relies on them.
+"""group0's Raft files made durable: pysyncobj's journal, meta file and full dump, synced before they are relied on.
 
 pysyncobj 0.3.17 keeps its journal in a memory-mapped file it never flushes, writes term and vote by write and rename
 without fsync (reading a corrupt meta file as empty), and renames a full dump into place without fsync. Through its

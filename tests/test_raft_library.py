@@ -16,7 +16,7 @@ PINNED = "0.3.17"
 
 
 def test_the_pinned_pysyncobj_is_the_one_installed():
-    assert version("pysyncobj") == PINNED, "group0's corrections were made for pysyncobj " + PINNED + ": read them again"
+    assert version("pysyncobj") == PINNED, f"group0's corrections were made for pysyncobj {PINNED}: read them again"
 
 
 class Counter(SyncObj):
