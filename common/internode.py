@@ -181,10 +181,12 @@ class InternodeTransport:
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 
-    def read_range(self, node: str, table_id: str, schema_version: int, first_token: int, last_token: int) -> pa.Table:
-        """The live rows of `node`'s replica of a table in a token range (storage layout, one snapshot)."""
-        request = pb.ReadRangeRequest(table_id=table_id, schema_version=schema_version,
-                                      first_token=first_token, last_token=last_token)
+    def read_range(self, node: str, table_id: str, schema_version: int, first_token: int, last_token: int,
+                   include_tombstones: bool = False) -> pa.Table:
+        """The live rows of `node`'s replica of a table in a token range (storage layout, one snapshot); deleted
+        rows too with `include_tombstones`."""
+        request = pb.ReadRangeRequest(table_id=table_id, schema_version=schema_version, first_token=first_token,
+                                      last_token=last_token, include_tombstones=include_tombstones)
         try:
             chunks = list(self._peers.internode(node).ReadRange(request, timeout=SCAN_TIMEOUT))
         except grpc.RpcError as error:

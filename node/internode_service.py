@@ -96,7 +96,7 @@ class InternodeService(rpc.InternodeServicer):
     @streaming
     def ReadRange(self, request, context):
         rows = self._deps.replica.read_range(request.table_id, request.schema_version,
-                                             request.first_token, request.last_token)
+                                             request.first_token, request.last_token, request.include_tombstones)
         for position, piece in enumerate(ipc_pieces(rows)):
             yield pb.ArrowChunk(table_id=request.table_id, ipc=piece,
                                 rows=rows.num_rows if position == 0 else 0)

@@ -157,7 +157,9 @@ class Node:
         self.build_job = BuildJob(self.node_id, self.store, self.spark, self.group0.read,
                                   lambda version: self.wait_schema_applied(version, SCHEMA_WAIT_TIMEOUT),
                                   self.endpoint.merge_view_rows, self.injections,
-                                  track_write=lambda: self.inflight.track(self.schema_version))
+                                  track_write=lambda: self.inflight.track(self.schema_version),
+                                  read_view_rows=self.endpoint.view_rows,
+                                  delete_view_rows=self.endpoint.delete_view_rows)
         self._parallel_batches = max(2, config.shards)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
                                      self.build_job, lambda: self.group0.term, max_parallel=self._parallel_batches)
@@ -453,6 +455,7 @@ class Node:
                 "tasks_answered_from_ledger": counters.tasks_answered_from_ledger,
                 "batches_running": self.worker.running_batches(), "batches_failed": counters.batches_failed,
                 "spark_state": spark.state, "spark_error": spark.error, "spark_start_s": spark.start_seconds,
+                "view_rows_repaired": build.view_rows_repaired,
                 "read_s": build.read_seconds, "spark_s": build.spark_seconds, "merge_s": build.merge_seconds,
                 "failures": [{"view_id": f.view_id, "error": f.error, "attempts": f.attempts}
                              for f in self.worker.failures()]}

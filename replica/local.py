@@ -180,14 +180,17 @@ class LocalData:
         self._metrics.rows_applied.labels("view").inc(changed)
         return changed
 
-    def read_range(self, table_id: str, schema_version: int, first_token: int, last_token: int) -> pa.Table:
-        """The live rows of this replica of a table in a token range, in the storage layout (one snapshot)."""
+    def read_range(self, table_id: str, schema_version: int, first_token: int, last_token: int,
+                   include_tombstones: bool = False) -> pa.Table:
+        """The live rows of this replica of a table in a token range, in the storage layout (one snapshot); deleted
+        rows too with `include_tombstones`."""
         self._schema.catch_up(schema_version)
         table = self._schema.read(lambda s: s.tables.get(table_id))
         if table is None:
             raise NotFound(f"table id {table_id} does not exist on node {self.node_id} (dropped?)")
         self.tables.ensure(table)
-        return bulk.read_token_range(self.tables.store, storage_spec(table), first_token, last_token)
+        return bulk.read_token_range(self.tables.store, storage_spec(table), first_token, last_token,
+                                     include_tombstones=include_tombstones)
 
     def flush_outbox(self, max_pages: int = 20) -> None:
         self.outbox.flush(max_pages)

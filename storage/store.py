@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -797,6 +797,24 @@ class NodeStore:
             outbox_rows = [{"target": t, "payload": bytes(p)}
                            for t, p in derive(state_table(physical.spec, old), state_table(physical.spec, new))]
             return ApplyResult(changed, self._insert_outbox(conn, outbox_rows))
+
+    def raise_view_ts(self, table_id: str, floors: Mapping[tuple[int, tuple], int]) -> dict[tuple[int, tuple], int]:
+        """Raise the view_ts of the stored rows named by (token, key) (tombstones too) to at least their floor, in one
+        write transaction, so the view updates of every later write order after the floor; the view_ts each row
+        found has now, by the caller's (token, key). A row this store does not hold is left out."""
+        physical = self._physical(table_id)
+        named = {_lookup_key(token, physical.full_key(key)): (token, key) for token, key in floors}
+        if not named:
+            return {}
+        with self._write_transaction() as conn:
+            stored = physical.fetch(conn, [(token, physical.full_key(key)) for token, key in named.values()])
+            raised = {}
+            for lookup, row in stored.items():
+                floor = floors[named[lookup]]
+                if row.view_ts is None or row.view_ts < floor:
+                    raised[lookup] = with_view_ts(row, floor)
+            physical.write(conn, list(raised.values()), not self._is_postgres)
+        return {named[lookup]: (raised.get(lookup) or row).view_ts for lookup, row in stored.items()}
 
     def _upsert(self, physical: PhysicalTable, batch: Sequence[Row]) -> int:
         """Merge the batch set-based (storage.upsert), in one transaction; the number of mutations that changed it."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from common.injection import Injections
-from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN
+from coordinator.core import view_building
+from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN, tablet_of
 from replica.rows import storage_spec, upsert_row
 from storage import bulk
 from storage.store import NodeStore
@@ -36,7 +37,8 @@ def cluster(tmp_path, spark):
         store.ensure_table(storage_spec(schema.table))
         store.apply(schema.table_id, rows)
     jobs = {n: BuildJob(n, stores[n], spark, lambda fn: fn(schema.state), lambda _version: None,
-                        _merge_into(stores), Injections()) for n in NODES}
+                        _merge_into(stores), Injections(), read_view_rows=_read_from(stores),
+                        delete_view_rows=_delete_from(stores)) for n in NODES}
     yield schema, stores, jobs
     for store in stores.values():
         store.close()
@@ -47,6 +49,19 @@ def _merge_into(stores):
         stores[replica.node].ensure_table(storage_spec(view))
         bulk.merge_view_rows(stores[replica.node], storage_spec(view), rows)
     return merge_remote
+
+
+def _read_from(stores):
+    def read_remote(replica, view, _schema_version, first, last):
+        stores[replica.node].ensure_table(storage_spec(view))
+        return bulk.read_token_range(stores[replica.node], storage_spec(view), first, last, include_tombstones=True)
+    return read_remote
+
+
+def _delete_from(stores):
+    def delete_remote(replica, view, _schema_version, rows):
+        return stores[replica.node].apply(view.id, rows).changed
+    return delete_remote
 
 
 def run_every_task(schema, jobs) -> int:
@@ -82,6 +97,32 @@ def test_a_retried_batch_changes_nothing_and_a_newer_live_write_wins(cluster):
     assert all(stores[n].scan(view.id, MIN_TOKEN, MAX_TOKEN, include_tombstones=True) == before[n] for n in NODES)
     kept = next(r for r in before["n1"] if r.key == ("5", 0, 5))
     assert kept.marker_ts == 10**9
+
+
+def test_a_repair_batch_deletes_stale_view_rows_and_outranks_a_lost_feeders_timestamps(cluster):
+    """A view replica holds rows a lost feeder wrote: one its base row no longer implies, and one newer than the base
+    row's view_ts. The repair tasks of one tablet delete the first, overwrite the second, and a later live write of
+    that base row (at the replica's next view_ts) still wins."""
+    schema, stores, jobs = cluster
+    run_every_task(schema, jobs)
+    view, base = schema.view, schema.table
+    token = upsert_row(base, {"key": 0, "c": 0}, 0).token
+    tablet = tablet_of(token, 4)
+    feeder = schema.state.tablets[base.id].replicas[tablet][1]
+    view_tablet = tablet_of(upsert_row(view, {"v": "0", "key": 0, "c": 0}, 0).token, 4)
+    fed = schema.state.tablets[view.id].replicas[view_tablet][1]
+    lost = [upsert_row(view, {"v": "gone", "key": 0, "c": 0}, ts=5000),  # the base row moved on: stale
+            upsert_row(view, {"v": "0", "key": 0, "c": 0}, ts=10**6)]  # right key, a lost feeder's timestamp
+    stores[fed.node].apply(view.id, lost)
+    stale_token = lost[0].token
+    schema.state.tasks.clear()
+    view_building.ensure_repair_task(schema.state, view, tablet, feeder, seed=f"{7:032x}")
+    assert run_every_task(schema, jobs) > 0
+    assert stores[fed.node].get(view.id, stale_token, ("gone", 0, 0)) is None
+    repaired = stores[fed.node].get(view.id, lost[1].token, ("0", 0, 0))
+    assert repaired.marker_ts > 10**6 and jobs[feeder.node].stats.view_rows_repaired == 1
+    floor = stores[feeder.node].get(base.id, token, (0, 0)).view_ts
+    assert floor > 10**6
 
 
 def test_a_tablet_without_rows_finishes_without_a_spark_job(tmp_path):

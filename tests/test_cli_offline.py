@@ -285,6 +285,7 @@ def sample_status() -> pb.StatusResponse:
                              worker=pb.WorkerStats(spark_jobs=2, tablet_scans=3, rows_scanned=1500, tasks_finished=3,
                                                    tasks_answered_from_ledger=1, batches_running=1, spark_state="ready",
                                                    spark_start_s=9.5, read_s=0.25, spark_s=1.5, merge_s=0.75,
+                                                   view_rows_repaired=4,
                                                    failures=[pb.BatchFailure(view_id="v1", error="UNAVAILABLE: boom",
                                                                              attempts=2)])),
                pb.NodeStatus(id="n2", grpc="127.0.0.1:3", raft="127.0.0.1:4", alive=False)],
@@ -305,7 +306,7 @@ def test_status_dict_has_the_documented_shape():
                                                "spark_error": "", "spark_start_s": 9.5, "read_s": 0.25,
                                                "spark_s": 1.5, "merge_s": 0.75,
                                                "failures": [{"view_id": "v1", "error": "UNAVAILABLE: boom",
-                                                             "attempts": 2}]},
+                                                             "attempts": 2}], "view_rows_repaired": 4},
                                     "insecure": False}
     assert document["nodes"][1]["worker"] is None  # unreachable
     assert document["views"] == [{"name": "ks.mv", "base": "ks.t", "state": "BUILDING", "is_index": False,

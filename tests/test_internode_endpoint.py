@@ -36,7 +36,8 @@ class RecordingReplica:
         self.merged.append((view_id, schema_version, rows.num_rows))
         return rows.num_rows
 
-    def read_range(self, table_id: str, schema_version: int, first_token: int, last_token: int) -> pa.Table:
+    def read_range(self, table_id: str, schema_version: int, first_token: int, last_token: int,
+                   include_tombstones: bool = False) -> pa.Table:
         self.reads.append((table_id, schema_version, first_token, last_token))
         return ROWS
 

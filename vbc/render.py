@@ -99,6 +99,8 @@ def worker_text(worker: dict | None) -> Text:
     if worker.get("tablet_scans"):
         text.append(f" (read {worker.get('read_s', 0.0):.1f}s, spark {worker.get('spark_s', 0.0):.1f}s, "
                     f"merge {worker.get('merge_s', 0.0):.1f}s)")
+    if worker.get("view_rows_repaired"):
+        text.append(f", {worker['view_rows_repaired']:,} stale view rows repaired")
     if worker["batches_failed"]:
         text.append(f", {worker['batches_failed']} failed", style="red")
     return text

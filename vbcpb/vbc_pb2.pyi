@@ -268,7 +268,7 @@ class NodeStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., schema_version: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., insecure: _Optional[bool] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed", "spark_state", "spark_error", "spark_start_s", "read_s", "spark_s", "merge_s", "failures")
+    __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed", "spark_state", "spark_error", "spark_start_s", "read_s", "spark_s", "merge_s", "failures", "view_rows_repaired")
     SPARK_JOBS_FIELD_NUMBER: _ClassVar[int]
     TABLET_SCANS_FIELD_NUMBER: _ClassVar[int]
     ROWS_SCANNED_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,7 @@ class WorkerStats(_message.Message):
     SPARK_S_FIELD_NUMBER: _ClassVar[int]
     MERGE_S_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    VIEW_ROWS_REPAIRED_FIELD_NUMBER: _ClassVar[int]
     spark_jobs: int
     tablet_scans: int
     rows_scanned: int
@@ -297,7 +298,8 @@ class WorkerStats(_message.Message):
     spark_s: float
     merge_s: float
     failures: _containers.RepeatedCompositeFieldContainer[BatchFailure]
-    def __init__(self, spark_jobs: _Optional[int] = ..., tablet_scans: _Optional[int] = ..., rows_scanned: _Optional[int] = ..., tasks_finished: _Optional[int] = ..., tasks_answered_from_ledger: _Optional[int] = ..., batches_running: _Optional[int] = ..., batches_failed: _Optional[int] = ..., spark_state: _Optional[str] = ..., spark_error: _Optional[str] = ..., spark_start_s: _Optional[float] = ..., read_s: _Optional[float] = ..., spark_s: _Optional[float] = ..., merge_s: _Optional[float] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ...) -> None: ...
+    view_rows_repaired: int
+    def __init__(self, spark_jobs: _Optional[int] = ..., tablet_scans: _Optional[int] = ..., rows_scanned: _Optional[int] = ..., tasks_finished: _Optional[int] = ..., tasks_answered_from_ledger: _Optional[int] = ..., batches_running: _Optional[int] = ..., batches_failed: _Optional[int] = ..., spark_state: _Optional[str] = ..., spark_error: _Optional[str] = ..., spark_start_s: _Optional[float] = ..., read_s: _Optional[float] = ..., spark_s: _Optional[float] = ..., merge_s: _Optional[float] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ..., view_rows_repaired: _Optional[int] = ...) -> None: ...
 
 class BatchFailure(_message.Message):
     __slots__ = ("view_id", "error", "attempts")
@@ -551,16 +553,18 @@ class TabletStreamProgress(_message.Message):
     def __init__(self, migration_id: _Optional[str] = ..., table_id: _Optional[str] = ..., source_node: _Optional[str] = ..., rows: _Optional[int] = ..., seconds: _Optional[float] = ..., rows_per_s: _Optional[float] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
-    __slots__ = ("table_id", "first_token", "last_token", "schema_version")
+    __slots__ = ("table_id", "first_token", "last_token", "schema_version", "include_tombstones")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
     table_id: str
     first_token: int
     last_token: int
     schema_version: int
-    def __init__(self, table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., schema_version: _Optional[int] = ...) -> None: ...
+    include_tombstones: bool
+    def __init__(self, table_id: _Optional[str] = ..., first_token: _Optional[int] = ..., last_token: _Optional[int] = ..., schema_version: _Optional[int] = ..., include_tombstones: _Optional[bool] = ...) -> None: ...
 
 class Cell(_message.Message):
     __slots__ = ("column", "value", "ts")

@@ -1,6 +1,7 @@
 """One build_range batch as one Spark job: scan the base tablet replica once, compute every view's rows, merge them
 at their paired view replicas (through `merge_view_rows`: the node merges locally without an RPC), so a retried
-batch changes nothing."""
+batch changes nothing. A batch with repair tasks also reads those view replicas first and deletes the rows its
+base rows no longer imply (`worker.view_repair`)."""
 from __future__ import annotations
 
 import logging
@@ -30,16 +31,21 @@ from coordinator.core.migrations import (
 from coordinator.core.schema import Replica, Table, Task
 from coordinator.core.tokens import tablet_range
 from replica.rows import storage_spec
+from storage.arrow_layouts import value_column_name
+from storage.cells import Row
 from storage.store import NodeStore
 
 from worker.executor import BatchCancelled, BatchControl
 from worker.spark_session import NodeSpark
 from worker.spark_views import compute_view_rows, staged_token_range
 from worker.tasks import StartBatch
+from worker.view_repair import BaseRow, repair_floors, stale_deletes, stale_view_rows, view_keys_of
 
 log = logging.getLogger(__name__)
 
 MergeViewRows = Callable[[Replica, Table, int, pa.Table], object]  # (view replica, view, schema version, rows)
+ReadViewRows = Callable[[Replica, Table, int, int, int], pa.Table]  # (view replica, view, version, first, last token)
+DeleteViewRows = Callable[[Replica, Table, int, list[Row]], object]  # (view replica, view, schema version, deletions)
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,15 @@ def routed_now(state, plan: BuildPlan, node_id: str) -> BuildPlan:
                    base_count=_feeding_count(state, plan.base.id, tablet))
 
 
+@dataclass(frozen=True)
+class Repair:
+    """What a repair batch read before its snapshot: per view, the rows (key columns, `write_ts`, `tombstone`) its
+    view replicas held; and the view_ts of its base rows once raised above them."""
+
+    held: dict[str, pa.Table]
+    view_ts: dict[BaseRow, int]
+
+
 @dataclass
 class BuildStats:
     """Counters of the build jobs of one node (for the status RPC and metrics)."""
@@ -123,6 +138,7 @@ class BuildStats:
     read_seconds: float = 0.0  # reading base tablet replicas into Arrow
     spark_seconds: float = 0.0  # hand-over to Spark, the view job, hand-back
     merge_seconds: float = 0.0  # merging view rows at their replicas
+    view_rows_repaired: int = 0  # stale view rows deleted by repair batches
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -138,13 +154,16 @@ class BuildJob:
 
     def __init__(self, node_id: str, store: NodeStore, spark: NodeSpark, read_state: Callable,
                  wait_writes_before: Callable[[int], None], merge_view_rows: MergeViewRows, injections: Injections,
-                 track_write: Callable[[], AbstractContextManager] = nullcontext):
+                 track_write: Callable[[], AbstractContextManager] = nullcontext,
+                 read_view_rows: ReadViewRows | None = None, delete_view_rows: DeleteViewRows | None = None):
         self._node_id = node_id
         self._store = store
         self._spark = spark
         self._read_state = read_state
         self._wait_writes_before = wait_writes_before
         self._merge_view_rows = merge_view_rows
+        self._read_view_rows = read_view_rows
+        self._delete_view_rows = delete_view_rows
         self._injections = injections
         # the merges of a batch's view rows count as a write routed under the version they read their destinations
         # at: a tablet migration's barrier waits for them (replica.write_path does the same for base writes)
@@ -158,13 +177,14 @@ class BuildJob:
             raise BatchCancelled()  # its tasks went (a split or merge renamed them, say) while it waited
         plan = self._read_state(lambda s: build_plan(s, control.live_tasks(), self._node_id))
         self._wait_writes_before(plan.schema_version)
+        repair = self._prepare_repair(plan, control)
         started = time.perf_counter()
         with staged_token_range(self._spark, self._store, storage_spec(plan.base), plan.first_token,
                                 plan.last_token) as (rows, frame):
             read = time.perf_counter() - started
             self.stats.add(tablet_scans=1, rows_scanned=rows, read_seconds=read)
-            if rows:
-                spark, merge = self._build(plan, frame, control)
+            if rows or repair is not None:
+                spark, merge = self._build(plan, frame if rows else None, control, repair)
                 self.stats.add(spark_seconds=spark, merge_seconds=merge)
                 log.info("batch %d: %s tablet %d, %d rows for %d view(s): read %.2fs, spark %.2fs, merge %.2fs",
                          start.batch_id, plan.base.qualified_name, start.tasks[0].tablet_id, rows,
@@ -172,20 +192,60 @@ class BuildJob:
         self._injections.hit("worker_pause_before_finish")
         return rows
 
-    def _build(self, plan: BuildPlan, frame: Callable[[], DataFrame], control: BatchControl) -> tuple[float, float]:
-        """Compute and deliver every view's rows; (seconds in Spark, seconds merging)."""
+    def _build(self, plan: BuildPlan, frame: Callable[[], DataFrame] | None, control: BatchControl,
+               repair: Repair | None) -> tuple[float, float]:
+        """Compute and deliver every view's rows (none from an empty snapshot), and a repair's deletions; (seconds in
+        Spark, seconds merging)."""
         started = time.perf_counter()
-        per_view = compute_view_rows(frame(), plan.base, plan.views)
-        self.stats.add(spark_jobs=1)
+        per_view = {} if frame is None else compute_view_rows(frame(), plan.base, plan.views)
+        self.stats.add(spark_jobs=0 if frame is None else 1)
         computed = time.perf_counter()
         with self._track_write():
             plan = self._read_state(lambda s: routed_now(s, plan, self._node_id))
             for view in plan.views:
                 if control.cancelled.is_set():
                     raise BatchCancelled()
-                if any(t.view_id == view.id for t in control.live_tasks()):
+                if not any(t.view_id == view.id for t in control.live_tasks()):
+                    continue
+                if view.id in per_view:
                     self._deliver(plan, view, per_view[view.id])
+                if repair is not None and view.id in repair.held:
+                    self._delete_stale(plan, view, per_view.get(view.id), repair)
         return computed - started, time.perf_counter() - computed
+
+    def _prepare_repair(self, plan: BuildPlan, control: BatchControl) -> Repair | None:
+        """For a batch with repair tasks: read what their view replicas hold, and raise the base rows' view_ts above
+        it, before the snapshot (`worker.view_repair`); None for a plain batch."""
+        views = {t.view_id for t in control.live_tasks() if t.repair}
+        if not views:
+            return None
+        if self._read_view_rows is None or self._delete_view_rows is None:
+            raise Unavailable(f"node {self._node_id} cannot repair views: its build job reads no view replica")
+        held = {view.id: self._held_rows(plan, view) for view in plan.views if view.id in views}
+        floors: dict[BaseRow, int] = {}
+        for rows in held.values():
+            for base_row, floor in repair_floors(plan.base, rows, plan.first_token, plan.last_token).items():
+                floors[base_row] = max(floors.get(base_row, 0), floor)
+        return Repair(held, self._store.raise_view_ts(plan.base.id, floors))
+
+    def _held_rows(self, plan: BuildPlan, view: Table) -> pa.Table:
+        """Every row (deleted ones too) the view replicas this batch feeds hold, as key columns, write_ts and
+        tombstone."""
+        columns = [value_column_name(c) for c in view.primary_key] + ["write_ts", "tombstone"]
+        replicas = plan.view_replicas[view.id]
+        parts = [self._read_view_rows(target, view, plan.schema_version, *tablet_range(tablet, len(replicas)))
+                 .select(columns)
+                 for tablet, targets in enumerate(view_tablet_targets(plan, view)) for target in targets]
+        return pa.concat_tables(parts) if parts else pa.table({c: [] for c in columns})
+
+    def _delete_stale(self, plan: BuildPlan, view: Table, rows: pa.Table | None, repair: Repair) -> None:
+        """Delete the view rows read before the snapshot that the snapshot does not imply."""
+        implied = set() if rows is None else set(view_keys_of(view, rows))
+        stale = stale_view_rows(plan.base, view, repair.held[view.id], plan.first_token, plan.last_token, implied)
+        deletes = stale_deletes(view, stale, repair.view_ts)
+        for replica, part in deletes_by_destination(plan, view, deletes).items():
+            self._delete_view_rows(replica, view, plan.schema_version, part)
+        self.stats.add(view_rows_repaired=len(deletes))
 
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
         """Merge the view's rows at every destination replica, the destinations at once (each merge mostly waits:
@@ -205,28 +265,51 @@ class BuildJob:
             merge.result()
 
 
+def view_tablet_targets(plan: BuildPlan, view: Table) -> list[tuple[Replica, ...]]:
+    """Per view tablet, the view replicas this batch's base replica feeds there."""
+    return paired_targets_by_tablet(plan.view_replicas[view.id], plan.pair, plan.view_moves.get(view.id, {}),
+                                    plan.base_count)
+
+
+def paired_targets_by_tablet(replicas: tuple[tuple[Replica, ...], ...], pair: int,
+                             moves: dict[int, TabletTransition] | None = None, base_count: int | None = None
+                             ) -> list[tuple[Replica, ...]]:
+    """Per view tablet, the view replicas paired with base position `pair` (`migrations.paired_positions`; while
+    the view tablet moves, its pending replica too)."""
+    return [paired_targets(replicas[tablet], (moves or {}).get(tablet), pair,
+                           len(replicas[tablet]) if base_count is None else base_count)
+            for tablet in range(len(replicas))]
+
+
 def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...], pair: int,
                    moves: dict[int, TabletTransition] | None = None, base_count: int | None = None
                    ) -> dict[Replica, pa.Table]:
     """View rows grouped by the view replicas paired with this base replica in the view tablet owning each row
-    (`migrations.paired_positions`; while that view tablet moves, its pending replica too)."""
+    (`paired_targets_by_tablet`)."""
     if view_rows.num_rows == 0:
         return {}
-
-    def targets_of(tablet: int) -> tuple[Replica, ...]:
-        count = len(replicas[tablet]) if base_count is None else base_count
-        return paired_targets(replicas[tablet], (moves or {}).get(tablet), pair, count)
-
-    targets = {targets_of(tablet) for tablet in range(len(replicas))}
+    targets_of = paired_targets_by_tablet(replicas, pair, moves, base_count)
+    targets = set(targets_of)
     if len(targets) == 1:  # every view tablet's rows go to the same replicas (RF = nodes, or one node): no split
         return {replica: view_rows for replica in targets.pop()}
     tablets = tablet_indices(view_rows.column("token"), len(replicas))
     groups: dict[Replica, list[pa.Table]] = {}
     for tablet in pc.unique(tablets).to_pylist():
         rows = view_rows.filter(pc.equal(tablets, tablet))
-        for destination in targets_of(tablet):
+        for destination in targets_of[tablet]:
             groups.setdefault(destination, []).append(rows)
     return {replica: pa.concat_tables(parts) for replica, parts in groups.items()}
+
+
+def deletes_by_destination(plan: BuildPlan, view: Table, deletes: list[Row]) -> dict[Replica, list[Row]]:
+    """A repair's view row deletions grouped by the view replicas this batch's base replica feeds."""
+    if not deletes:
+        return {}
+    tokens = pa.table({"token": pa.array([row.token for row in deletes], pa.int64()),
+                       "i": pa.array(range(len(deletes)), pa.int64())})
+    parts = by_destination(tokens, plan.view_replicas[view.id], plan.pair, plan.view_moves.get(view.id, {}),
+                           plan.base_count)
+    return {replica: [deletes[i] for i in part.column("i").to_pylist()] for replica, part in parts.items()}
 
 
 def tablet_indices(tokens: pa.ChunkedArray, tablet_count: int) -> pa.ChunkedArray:

@@ -81,6 +81,7 @@ class TabletTransition:
     reason: str = ""  # why it rolls back, once it does
     kind: str = MOVE
     source: Replica | None = None  # where rows are streamed from, when not the leaving replica (a dead node's)
+    deaths_at_start: int = 0  # `Group0State.deaths_declared` when it started
 
     @property
     def stream_source(self) -> Replica:
@@ -254,7 +255,7 @@ def start_migration(state: Group0State, cmd: StartTabletMigration) -> str:
     source = Replica(cmd.source_node, cmd.source_shard) if cmd.source_node else None
     state.transitions[(cmd.table_id, cmd.tablet_id)] = TabletTransition(
         cmd.migration_id, cmd.table_id, cmd.tablet_id, leaving, leaving if cmd.kind == REMOVE else pending,
-        first_stage, kind=cmd.kind, source=source)
+        first_stage, kind=cmd.kind, source=source, deaths_at_start=state.deaths_declared)
     if cmd.kind == MOVE:
         view_building.abort_replica_tasks(state, cmd.table_id, cmd.tablet_id, leaving)
     elif cmd.kind == REMOVE:
@@ -379,26 +380,46 @@ def _end(state: Group0State, transition: TabletTransition) -> None:
     else:
         view_building.build_on_added_replica(state, transition.table_id, transition.tablet_id, transition.pending,
                                              seed=seed)
+        if _copied_view_may_be_stale(state, transition):
+            _repair_view_position(state, state.tables[transition.table_id], len(old), derived_id(seed, "copied"))
     _finish(state, transition, MigrationResult(DONE))
+
+
+def _copied_view_may_be_stale(state: Group0State, transition: TabletTransition) -> bool:
+    """Whether a view replica added by an RF increase may have copied rows a lost feeder left stale: a node was
+    declared dead while it ran or is still being removed, or a repair of the view is under way."""
+    table = state.tables.get(transition.table_id)
+    if table is None or table.view is None:
+        return False
+    return (state.deaths_declared != transition.deaths_at_start
+            or any(node.state == NODE_REMOVING for node in state.nodes.values())
+            or any(task.repair for task in view_building.tasks_of_view(state, table.id)))
 
 
 def _rebuild_lost_position(state: Group0State, transition: TabletTransition, position: int) -> None:
     """A dead replica was rebuilt from another position's replica (`source`): what only its position had is lost.
 
-    A base replica's undelivered view updates died with it, so the view replicas at its position get a build task
+    A base replica's undelivered view updates died with it, so the view replicas at its position get a repair task
     of every view from the new replica. A view replica's copy holds what the source's position had been fed when it
     was copied, and the builds of its own position may have reached only the dead replica, so the base positions
-    feeding it deliver again (built views too: a build may have ended after the copy)."""
+    feeding it deliver again (built views too: a build may have ended after the copy). Repair tasks, both: the view
+    replicas may hold rows the new feeder's base rows no longer imply, or rows written at another feeder's
+    timestamps (`worker.view_repair`)."""
     seed = derived_id(transition.migration_id, "lost")
     table = state.tables[transition.table_id]
     if table.view is None:
         view_building.rebuild_replica(state, table.id, transition.tablet_id, transition.pending, seed)
-        return
-    base_map = state.tablets[table.view.base_id]
+    else:
+        _repair_view_position(state, table, position, seed)
+
+
+def _repair_view_position(state: Group0State, view: Table, position: int, seed: str) -> None:
+    """Every base tablet's replica feeding view position `position` gets a repair task of the view."""
+    base_map = state.tablets[view.view.base_id]
     for tablet, replicas in enumerate(base_map.replicas):
         feeder = replicas[feeder_position(position, feeding_count(replicas, transition_of(state, base_map.table_id,
                                                                                           tablet)))]
-        view_building.ensure_task(state, table, tablet, feeder, seed)
+        view_building.ensure_repair_task(state, view, tablet, feeder, seed)
 
 
 def _feed_added_view_position(state: Group0State, view: Table, position: int, seed: str) -> None:

@@ -117,6 +117,10 @@ class TabletMap:
 
 @dataclass(frozen=True)
 class Task:
+    """One build task: `replica` of base tablet `tablet_id` delivers the view's rows to the view replicas its
+    position feeds. A `repair` task also deletes the view rows those replicas hold that its base rows do not imply,
+    and orders its rows after any they hold (a lost feeder's updates: `worker.view_repair`)."""
+
     id: str
     type: str
     base_id: str
@@ -124,6 +128,7 @@ class Task:
     replica: Replica
     tablet_id: int
     aborted: bool = False
+    repair: bool = False
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ class Group0State:
         self.nodes: dict[str, Node] = {}
         self.removed_nodes: set[str] = set()  # ids of nodes removed from the cluster: they cannot come back
         self.balancer_enabled = True  # the leader spreads tablet replicas evenly (balancer.py)
+        self.deaths_declared = 0  # nodes declared dead so far (their undelivered view updates were lost)
         self.tablets: dict[str, TabletMap] = {}
         # owned by ddl.py
         self.keyspaces: dict[str, Keyspace] = {}

@@ -83,6 +83,7 @@ def decommission_node(state: Group0State, cmd: DecommissionNode) -> str:
                                  "first")
     state.nodes[node.id] = Node(node.id, node.grpc, node.raft, node.shards,
                                 NODE_REMOVING if cmd.dead else NODE_LEAVING)
+    state.deaths_declared += cmd.dead
     state.schema_version += 1
     return state.nodes[node.id].state
 

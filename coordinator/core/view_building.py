@@ -27,7 +27,7 @@ def start_build(state: Group0State, view: Table) -> None:
 
 
 def create_build_tasks(state: Group0State, view: Table, seed: str,
-                       replicas_by_tablet: Mapping[int, Sequence[Replica]]) -> int:
+                       replicas_by_tablet: Mapping[int, Sequence[Replica]], repair: bool = False) -> int:
     """One build_range task per (base tablet, replica) listed, for `view`; marks their nodes STARTED."""
     created = 0
     for tablet_id, replicas in replicas_by_tablet.items():
@@ -37,7 +37,7 @@ def create_build_tasks(state: Group0State, view: Table, seed: str,
                 continue  # base position 0 builds the view position it fed (`migrations.feeding_count`)
             task_id = derived_id(seed, view.id, tablet_id, replica.node, replica.shard)
             state.tasks[task_id] = Task(task_id, TASK_BUILD_RANGE, view.view.base_id, view.id, replica, tablet_id,
-                                        aborted=_is_moving_away(transition, replica))
+                                        aborted=_is_moving_away(transition, replica), repair=repair)
             state.build_status[(view.id, replica.node)] = BUILD_STARTED
             created += 1
     state.tasks_created[view.id] = state.tasks_created.get(view.id, 0) + created
@@ -91,12 +91,14 @@ def hand_over_tasks(state: Group0State, base_id: str, tablet_id: int, removed: R
                  if (t.base_id, t.tablet_id, t.replica) == (base_id, tablet_id, removed)]:
         if task.id not in state.tasks:
             continue
-        for gone in [t for t in state.tasks.values() if (t.base_id, t.tablet_id, t.view_id) ==
-                     (base_id, tablet_id, task.view_id) and t.replica in (removed, heir)]:
+        replaced = [t for t in state.tasks.values() if (t.base_id, t.tablet_id, t.view_id) ==
+                    (base_id, tablet_id, task.view_id) and t.replica in (removed, heir)]
+        for gone in replaced:
             del state.tasks[gone.id]
             _count_created(state, gone.view_id, -1)
         task_id = derived_id(seed, task.view_id or task.base_id, tablet_id, heir.node, heir.shard)
-        state.tasks[task_id] = replace(task, id=task_id, replica=heir, aborted=False)
+        state.tasks[task_id] = replace(task, id=task_id, replica=heir, aborted=False,
+                                       repair=any(t.repair for t in replaced))
         _count_created(state, task.view_id, 1)
         if task.view_id is not None:
             state.build_status[(task.view_id, heir.node)] = BUILD_STARTED
@@ -156,29 +158,38 @@ def build_on_added_replica(state: Group0State, base_id: str, tablet_id: int, rep
 
 
 def rebuild_replica(state: Group0State, base_id: str, tablet_id: int, replica: Replica, seed: str) -> None:
-    """Every view of the base gets a task on `replica` of the tablet (built views too: they are rebuilt there)."""
+    """Every view of the base gets a repair task on `replica` of the tablet (built views too: they are rebuilt
+    there)."""
     for view in state.views_of(base_id):
-        ensure_task(state, view, tablet_id, replica, seed)
+        ensure_repair_task(state, view, tablet_id, replica, seed)
 
 
-def ensure_task(state: Group0State, view: Table, tablet_id: int, replica: Replica, seed: str) -> None:
-    """A live task of `view` on `replica` of base tablet `tablet_id`: the one it has, or a new one."""
-    if not any((t.view_id, t.tablet_id, t.replica) == (view.id, tablet_id, replica) and not t.aborted
-               for t in state.tasks.values()):
-        create_build_tasks(state, view, seed, {tablet_id: [replica]})
+def ensure_repair_task(state: Group0State, view: Table, tablet_id: int, replica: Replica, seed: str) -> None:
+    """A repair task of `view` on `replica` of base tablet `tablet_id`, new (new id: the worker may have finished the
+    live one it replaces, and answers a finished id at once); an aborted one becomes a repair task, and its
+    migration's end recreates it there."""
+    mine = [t for t in state.tasks.values() if (t.view_id, t.tablet_id, t.replica) == (view.id, tablet_id, replica)]
+    if any(t.aborted for t in mine):
+        for task in mine:
+            state.tasks[task.id] = replace(task, repair=True)
+        return
+    for task in mine:
+        del state.tasks[task.id]
+        _count_created(state, view.id, -1)
+    create_build_tasks(state, view, seed, {tablet_id: [replica]}, repair=True)
 
 
 def renew_task(state: Group0State, view: Table, tablet_id: int, replica: Replica, seed: str) -> None:
     """A new live task of `view` on `replica` of base tablet `tablet_id` (new id), replacing the live one it has: a
     batch of that one may be routed without a view replica it must now feed. An aborted task is left alone (it is
-    recreated when its migration ends)."""
+    recreated when its migration ends). A repair task is renewed as one."""
     mine = [t for t in state.tasks.values() if (t.view_id, t.tablet_id, t.replica) == (view.id, tablet_id, replica)]
     if any(t.aborted for t in mine):
         return
     for task in mine:
         del state.tasks[task.id]
         _count_created(state, view.id, -1)
-    create_build_tasks(state, view, seed, {tablet_id: [replica]})
+    create_build_tasks(state, view, seed, {tablet_id: [replica]}, repair=any(t.repair for t in mine))
 
 
 def split_tasks(state: Group0State, base_id: str, seed: str) -> None:
@@ -204,9 +215,11 @@ def merge_tasks(state: Group0State, base_id: str, seed: str, halves: Sequence[Se
         tablet = task.tablet_id // 2
         position = list(halves[task.tablet_id]).index(task.replica)
         key = (task.type, task.view_id, position, tablet)
+        repair = task.repair
         if key in merged:
             _count_created(state, task.view_id, -1)
-        merged[key] = replace(task, replica=replicas[tablet][position])
+            repair |= merged[key].repair
+        merged[key] = replace(task, replica=replicas[tablet][position], repair=repair)
     for (_, _, _, tablet), task in merged.items():
         _add_moved_task(state, task, tablet, seed)
         if task.view_id is not None:
