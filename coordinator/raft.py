@@ -8,6 +8,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -16,6 +17,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 from pysyncobj.transport import TCPTransport
 
 from coordinator import raft_storage
+from coordinator.raft_append import check_append, is_regular_append
 from coordinator.raft_storage import DUMP_FILE, match_journal_to_dump
 
 from coordinator.core.commands import Command, encode
@@ -64,19 +66,23 @@ def raft_options(data_dir: Path, password: str) -> dict:
 
 
 class CheckedTransport(TCPTransport):
-    """pysyncobj's TCP transport, syncing the member's journal before a message leaves (`before_send`), with a check
-    in front of the member's message handler: a snapshot chunk does not move the commit index. pysyncobj moves it
-    for every append_entries message, but a snapshot chunk skips the check that the follower's log matches the
-    leader's, so a stale uncommitted entry of the follower's was applied (and its proposer told SUCCESS) on the
-    first chunk of a snapshot. The next regular append moves it instead."""
+    """pysyncobj's TCP transport, syncing the member's journal before a message leaves (`before_send`), with checks
+    in front of the member's message handler:
+
+    - a snapshot chunk does not move the commit index. pysyncobj moves it for every append_entries message, but a
+      snapshot chunk skips the check that the follower's log matches the leader's, so a stale uncommitted entry of
+      the follower's was applied (and its proposer told SUCCESS) on the first chunk of a snapshot. The next regular
+      append moves it instead;
+    - a regular append truncates the log only at a conflict, never a committed entry, and commits only what it
+      checked (`coordinator.raft_append`)."""
 
     def __init__(self, syncObj, selfNode, otherNodes, before_send: Callable[[], None] = lambda: None):
         super().__init__(syncObj, selfNode, otherNodes)
         self._before_send = before_send
 
     def setOnMessageReceivedCallback(self, callback):
-        super().setOnMessageReceivedCallback(None if callback is None else partial(_no_commit_on_snapshot_chunks,
-                                                                                   self._syncObj, callback))
+        super().setOnMessageReceivedCallback(None if callback is None else partial(_checked_message, self._syncObj,
+                                                                                   callback))
 
     def send(self, node, message):
         self._before_send()  # what the message says (an append, its reply, a vote) is on disk first
@@ -89,10 +95,62 @@ def _sync_journal(path: Path) -> None:
         journal.sync()
 
 
-def _no_commit_on_snapshot_chunks(syncobj: SyncObj, callback: Callable, node, message) -> None:
+def _checked_message(syncobj: SyncObj, callback: Callable, node, message) -> None:
     if isinstance(message, dict) and message.get("type") == "append_entries" and "serialized" in message:
         message = {**message, "commit_index": min(message.get("commit_index", 0), syncobj.raftCommitIndex)}
-    callback(node, message)
+    log = getattr(syncobj, "_SyncObj__raftLog", None)
+    if log is None or not is_regular_append(message):
+        callback(node, message)
+        return
+    check = check_append(log, syncobj.raftCommitIndex, message)
+    if check.message is None:
+        _refuse_conflict(syncobj, node, check.conflict)
+        return
+    if not check.keep_tail:
+        callback(node, check.message)
+        return
+    with _tail_kept(log):
+        callback(node, check.message)
+
+
+_refused_conflicts: set[str] = set()
+
+
+def _refuse_conflict(syncobj: SyncObj, node, conflict: str) -> None:
+    """A committed entry would change: refuse the append (logged once per conflict), so the member applies nothing
+    of the leader's history on top of its own."""
+    if conflict not in _refused_conflicts:
+        _refused_conflicts.add(conflict)
+        logger.critical("group0 member %s refuses an append from %s: %s. One of the two logs lost entries it had "
+                        "acknowledged (a disk that did not keep a synced write, or a Raft directory restored from a "
+                        "copy). Stop this node, then remove it (vbc node remove) and add it again with an empty data "
+                        "directory", syncobj.selfNode, node, conflict)
+
+
+class _KeptTailLog(logging.Filter):
+    """Hides pysyncobj's "truncating already-applied log entries" line while a tail it would cut is kept."""
+
+    active = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(self.active, "on", False) and str(record.msg).startswith("truncating already-applied"))
+
+
+_KEPT_TAIL_FILTER = _KeptTailLog()
+logging.getLogger("pysyncobj.syncobj").addFilter(_KEPT_TAIL_FILTER)
+
+
+@contextmanager
+def _tail_kept(log):
+    """pysyncobj handles an append that matches the log and adds nothing: its cut of the entries after it is
+    skipped (the log's `deleteEntriesFrom`, overridden on the instance for the call)."""
+    log.deleteEntriesFrom = lambda entry_from: None
+    _KEPT_TAIL_FILTER.active.on = True
+    try:
+        yield
+    finally:
+        _KEPT_TAIL_FILTER.active.on = False
+        del log.deleteEntriesFrom
 
 
 class StateMachine(Protocol):

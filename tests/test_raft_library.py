@@ -56,3 +56,48 @@ def test_a_snapshot_chunk_does_not_commit_a_stale_uncommitted_entry(transport_cl
         assert (answers == [FAIL_REASON.SUCCESS]) == stale_entry_applied
     finally:
         private(follower, "transport").destroy()
+
+
+@pytest.mark.parametrize("transport_class, tail_cut", [(TCPTransport, True), (CheckedTransport, False)])
+def test_an_append_behind_the_log_cuts_no_matching_entry(transport_class, tail_cut, caplog):
+    """Finding 5: the library cuts every entry after `prevLogIdx` of any append, applied ones too ("truncating
+    already-applied log entries"); ours cuts only at a conflict."""
+    addresses = [f"127.0.0.1:{port}" for port in allocate_ports(3)]
+    follower = Counter(addresses[0], addresses[1:], transport_class)
+    try:
+        log = private(follower, "raftLog")
+        for index in range(2, 6):
+            log.add(b"\x00" + bytes([index]), index, 1)
+        for name, value in (("raftCurrentTerm", 1), ("raftCommitIndex", 5), ("raftLastApplied", 5)):
+            setattr(follower, "_SyncObj__" + name, value)
+        leader = next(iter(follower.otherNodes))
+        private(follower, "transport")._onMessageReceived(leader, {
+            "type": "append_entries", "term": 1, "commit_index": 5, "prevLogIdx": 3, "prevLogTerm": 1, "entries": []})
+        assert (log[-1][1] == 3) == tail_cut and (log[-1][1] == 5) != tail_cut
+        assert ("truncating already-applied" in caplog.text) == tail_cut
+        assert follower.raftCommitIndex == (3 if tail_cut else 5)
+    finally:
+        private(follower, "transport").destroy()
+
+
+@pytest.mark.parametrize("transport_class, committed_changed", [(TCPTransport, True), (CheckedTransport, False)])
+def test_an_append_that_would_change_a_committed_entry_is_refused(transport_class, committed_changed, caplog):
+    """Committed and applied entries 3 and 4 (term 1) meet a leader's entries 3 and 4 of term 2: the library replaces
+    them; ours keeps them and says why."""
+    addresses = [f"127.0.0.1:{port}" for port in allocate_ports(3)]
+    follower = Counter(addresses[0], addresses[1:], transport_class)
+    try:
+        log = private(follower, "raftLog")
+        for index in range(2, 5):
+            log.add(b"\x00" + bytes([index]), index, 1)
+        for name, value in (("raftCurrentTerm", 2), ("raftCommitIndex", 4), ("raftLastApplied", 4)):
+            setattr(follower, "_SyncObj__" + name, value)
+        leader = next(iter(follower.otherNodes))
+        private(follower, "transport")._onMessageReceived(leader, {
+            "type": "append_entries", "term": 2, "commit_index": 6, "prevLogIdx": 2, "prevLogTerm": 1,
+            "entries": [(b"\x00x", 3, 2), (b"\x00y", 4, 2)]})
+        terms = [(entry[1], entry[2]) for entry in log][-3:]
+        assert terms == ([(2, 1), (3, 2), (4, 2)] if committed_changed else [(2, 1), (3, 1), (4, 1)])
+        assert ("conflicts with this member's committed entry 3" in caplog.text) != committed_changed
+    finally:
+        private(follower, "transport").destroy()

@@ -1,0 +1,77 @@
+"""A follower's check of an incoming append_entries message against its log: truncation only at a conflict, never
+of a committed entry, and a commit index only over entries the message checked.
+
+pysyncobj 0.3.17, on every append that matches at `prevLogIdx`, deletes the follower's entries after it and appends
+the message's, whether they conflict or not (and logs "truncating already-applied log entries" when some were
+applied). It then sets the commit index to min(leader's, its last index), so a log tail the message never checked
+could be committed. Raft deletes only from the first entry whose term differs, and a follower commits only up to the
+last entry the message verified. `check_append` rewrites the message so pysyncobj does just that:
+
+- the entries the follower already holds (same index and term) are dropped, `prevLogIdx` moving to the last of them,
+  so pysyncobj truncates from the first conflicting entry (or not at all);
+- when nothing is left to append and the follower's log runs past `prevLogIdx`, the tail is kept (`keep_tail`: the
+  caller puts back what pysyncobj cut), unless it holds a membership change (pysyncobj reverts those as it cuts);
+- the commit index is capped at the last entry the message verified;
+- a conflict at or below the follower's commit index is refused (`conflict`): a committed entry never changes, so
+  one of the two logs lost what it acknowledged (a disk that lied about a sync, a restored copy), and the follower
+  must not apply the other history on top of its own.
+
+Pure: the log is any sequence of (command, index, term) entries, as pysyncobj's journals are.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MEMBERSHIP_COMMAND = 2  # pysyncobj's _COMMAND_TYPE.MEMBERSHIP: the first byte of a membership change entry
+
+Entry = tuple[bytes, int, int]  # (command, index, term)
+
+
+@dataclass(frozen=True)
+class AppendCheck:
+    """What to deliver to pysyncobj: `message` (None: refused, see `conflict`); `keep_tail`: the follower's entries
+    after index `tail_from - 1` are not to be cut."""
+
+    message: dict | None
+    keep_tail: bool = False
+    tail_from: int = 0
+    conflict: str = ""
+
+
+def is_regular_append(message: object) -> bool:
+    """An append_entries message carrying whole entries (not a snapshot chunk, not a part of a large entry)."""
+    return (isinstance(message, dict) and message.get("type") == "append_entries" and "prevLogIdx" in message
+            and "transmission" not in message and "serialized" not in message)
+
+
+def check_append(log: Sequence[Entry], commit_index: int, message: dict) -> AppendCheck:
+    """The message pysyncobj should handle for `log` (see the module docstring)."""
+    if not log or not is_regular_append(message):
+        return AppendCheck(message)
+    first, last = log[0][1], log[-1][1]
+
+    def term_at(index: int) -> int | None:
+        return log[index - first][2] if first <= index <= last else None
+
+    prev, prev_term = message["prevLogIdx"], message["prevLogTerm"]
+    if term_at(prev) != prev_term:
+        return AppendCheck(message)  # pysyncobj refuses it, and the leader goes back
+    entries = list(message.get("entries", ()))
+    while entries and term_at(entries[0][1]) == entries[0][2]:
+        _, prev, prev_term = entries.pop(0)
+    if entries and entries[0][1] <= min(last, commit_index):
+        index, term = entries[0][1], entries[0][2]
+        return AppendCheck(None, conflict=f"the leader's entry {index} (term {term}) conflicts with this member's "
+                                          f"committed entry {index} (term {term_at(index)})")
+    verified = entries[-1][1] if entries else prev
+    checked = {**message, "prevLogIdx": prev, "prevLogTerm": prev_term, "entries": entries,
+               "commit_index": min(message.get("commit_index", 0), verified)}
+    keep_tail = not entries and prev < last and not any(
+        _is_membership(entry) for entry in log[prev + 1 - first:])
+    return AppendCheck(checked, keep_tail=keep_tail, tail_from=prev + 1)
+
+
+def _is_membership(entry: Entry) -> bool:
+    command = entry[0]
+    return bool(command) and command[0] == MEMBERSHIP_COMMAND
