@@ -65,9 +65,10 @@ def raft_options(data_dir: Path, password: str) -> dict:
     }
 
 
-class CheckedTransport(TCPTransport):
-    """pysyncobj's TCP transport, syncing the member's journal before a message leaves (`before_send`), with checks
-    in front of the member's message handler:
+class CheckedMessages:
+    """What group0 adds to a pysyncobj transport (a mixin before the transport class, whose instances keep their
+    SyncObj as `_syncObj`): the member's journal synced before a message leaves (`before_send`), and checks in front
+    of the member's message handler:
 
     - a snapshot chunk does not move the commit index. pysyncobj moves it for every append_entries message, but a
       snapshot chunk skips the check that the follower's log matches the leader's, so a stale uncommitted entry of
@@ -76,9 +77,7 @@ class CheckedTransport(TCPTransport):
     - a regular append truncates the log only at a conflict, never a committed entry, and commits only what it
       checked (`coordinator.raft_append`)."""
 
-    def __init__(self, syncObj, selfNode, otherNodes, before_send: Callable[[], None] = lambda: None):
-        super().__init__(syncObj, selfNode, otherNodes)
-        self._before_send = before_send
+    _before_send: Callable[[], None] = staticmethod(lambda: None)
 
     def setOnMessageReceivedCallback(self, callback):
         super().setOnMessageReceivedCallback(None if callback is None else partial(_checked_message, self._syncObj,
@@ -87,6 +86,14 @@ class CheckedTransport(TCPTransport):
     def send(self, node, message):
         self._before_send()  # what the message says (an append, its reply, a vote) is on disk first
         return super().send(node, message)
+
+
+class CheckedTransport(CheckedMessages, TCPTransport):
+    """pysyncobj's TCP transport with group0's checks (`CheckedMessages`)."""
+
+    def __init__(self, syncObj, selfNode, otherNodes, before_send: Callable[[], None] = lambda: None):
+        super().__init__(syncObj, selfNode, otherNodes)
+        self._before_send = before_send
 
 
 def _sync_journal(path: Path) -> None:

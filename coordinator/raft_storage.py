@@ -6,7 +6,9 @@ journal factory (`pysyncobj.syncobj.createJournal`, which SyncObj looks up when 
 `DurableJournal`: appends mark it dirty, and it is synced (one fsync for a burst of appends) before a message leaves
 the member (`CheckedTransport` in coordinator.raft calls `sync_before_send`) and before the commit index moves; the
 term and vote are synced (file and directory) before `setCurrentTerm` returns, that is before the vote or reply
-that depends on them is sent; the full dump is synced before the journal entries it replaces are cut.
+that depends on them is sent; the full dump is synced before the journal entries it replaces are cut, and a cut
+never passes the entries the dump on disk ends with (a snapshot installed between pysyncobj's dump and its cut
+replaced that dump with an older one).
 """
 from __future__ import annotations
 
@@ -71,6 +73,9 @@ class DurableJournal(FileJournal):
         self._dirty = True
 
     def deleteEntriesTo(self, entryTo):
+        entryTo = self._cut_within_dump(entryTo)
+        if entryTo <= 0:
+            return
         self._sync_dump()  # the dump now holds what these entries held
         self._cutting = True
         try:
@@ -106,6 +111,24 @@ class DurableJournal(FileJournal):
     def _destroy(self):
         super()._destroy()
         os.close(self._fd)
+
+    def _cut_within_dump(self, entry_to: int) -> int:
+        """`entry_to` (a position), lowered so the journal keeps the entries the dump on disk ends with. pysyncobj
+        cuts at the dump it wrote, a tick later; a snapshot installed from the leader in between replaced that dump
+        with an older one, and the cut would have left a gap between it and the journal (or no journal at all)."""
+        try:
+            dumped = dump_ends(Path(self._dump))
+        except Exception as error:  # noqa: BLE001 - an unreadable dump: keep every entry
+            logger.warning("group0 journal %s: not cut, its full dump cannot be read (%s)", self._path, error)
+            return 0
+        if dumped is None:
+            return 0
+        before_last = next((i for i in range(len(self)) if self[i][1] == dumped[0][1]), None)
+        if before_last is None or self[before_last] != dumped[0]:
+            logger.warning("group0 journal %s: not cut, it does not hold the entries its full dump ends with",
+                           self._path)
+            return 0
+        return min(entry_to, before_last)
 
     def _sync_dump(self) -> None:
         if os.path.exists(self._dump):
@@ -149,16 +172,25 @@ def install() -> None:
     pysyncobj.syncobj.createJournal = create_journal
 
 
+def dump_ends(dump_path: Path) -> tuple[tuple, tuple] | None:
+    """The last two entries (before last, last) a full dump holds; None when there is no dump."""
+    if not dump_path.is_file():
+        return None
+    with open(dump_path, "rb") as file, gzip.GzipFile(fileobj=file) as unzipped:
+        _, last, before_last, _ = raft_pickle.load(unzipped)
+    return before_last, last
+
+
 def match_journal_to_dump(journal_path: Path, dump_path: Path) -> None:
     """Cut the journal before the entries the full dump ends with, as pysyncobj would have on its next tick.
 
     pysyncobj writes the dump, then cuts the journal on a later tick; at start it keeps the journal only if it
     begins with the dump's last two entries, and otherwise clears it down to them. A member that stopped between
     the two would so lose the entries appended after the dump, acknowledged ones among them."""
-    if not (journal_path.is_file() and dump_path.is_file()):
+    dumped = dump_ends(dump_path)
+    if not journal_path.is_file() or dumped is None:
         return
-    with open(dump_path, "rb") as file, gzip.GzipFile(fileobj=file) as unzipped:
-        _, last, before_last, _ = raft_pickle.load(unzipped)
+    before_last, last = dumped
     journal = FileJournal(str(journal_path))
     try:
         entries = [journal[i] for i in range(len(journal))]

@@ -1,7 +1,10 @@
 """group0's Raft files made durable (coordinator/raft_storage.py): what is synced when, and a corrupt meta file."""
 from __future__ import annotations
 
+import gzip
+
 import pytest
+from pysyncobj import pickle as raft_pickle
 
 from coordinator import raft_storage
 from coordinator.raft import JOURNAL_FILE, Group0
@@ -39,7 +42,7 @@ def test_a_burst_of_appends_is_synced_once_before_it_is_relied_on(tmp_path, sync
 
 
 def test_the_dump_is_synced_before_the_entries_it_replaces_are_cut(tmp_path, synced):
-    (tmp_path / raft_storage.DUMP_FILE).write_bytes(b"a dump")
+    write_dump(tmp_path / raft_storage.DUMP_FILE, before_last=(b"command", 2, 1), last=(b"command", 3, 1))
     journal = DurableJournal(str(tmp_path / JOURNAL_FILE))
     try:
         for index in range(1, 4):
@@ -47,6 +50,29 @@ def test_the_dump_is_synced_before_the_entries_it_replaces_are_cut(tmp_path, syn
         journal.deleteEntriesTo(1)
         assert synced[:2] == [str(tmp_path / raft_storage.DUMP_FILE), str(tmp_path)]
         assert journal.syncs == 1 and not journal._dirty  # then the cut journal
+        assert [entry[1] for entry in journal] == [2, 3]
+    finally:
+        journal._destroy()
+
+
+def write_dump(path, before_last, last) -> None:
+    with open(path, "wb") as file, gzip.GzipFile(fileobj=file, mode="wb") as zipped:
+        raft_pickle.dump((None, last, before_last, set()), zipped)
+
+
+def test_a_cut_never_passes_the_dump_on_disk(tmp_path):
+    """pysyncobj cuts at the dump it wrote a tick later; a snapshot installed in between left an older dump: the
+    journal keeps the entries that one ends with (else it would be left empty, or with a gap after the dump)."""
+    write_dump(tmp_path / raft_storage.DUMP_FILE, before_last=(b"command", 2, 1), last=(b"command", 3, 1))
+    journal = DurableJournal(str(tmp_path / JOURNAL_FILE))
+    try:
+        for index in range(2, 7):
+            journal.add(b"command", index, 1)
+        journal.deleteEntriesTo(3)  # the dump pysyncobj wrote ended at 5 and 6
+        assert [entry[1] for entry in journal] == [2, 3, 4, 5, 6]
+        (tmp_path / raft_storage.DUMP_FILE).write_bytes(b"not a dump")
+        journal.deleteEntriesTo(1)
+        assert len(journal) == 5
     finally:
         journal._destroy()
 
