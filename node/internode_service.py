@@ -24,7 +24,7 @@ class InternodeDeps:
 
     replica: LocalData
     observe_timestamp: Callable[[int], None]
-    local_status: Callable[[], pb.LocalStatusResponse]
+    local_status: Callable[..., pb.LocalStatusResponse]
     wait_schema_applied: Callable[[int, float], None]
     wait_schema_version: Callable[[int, float], None]
     open_calls: OpenCalls
@@ -66,7 +66,7 @@ class InternodeService(rpc.InternodeServicer):
 
     @unary
     def LocalStatus(self, request, context):
-        return self._deps.local_status()
+        return self._deps.local_status(state_digest=request.state_digest)
 
     @unary
     def SchemaBarrier(self, request, context):

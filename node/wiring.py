@@ -486,8 +486,11 @@ class Node:
         others = self.group0.read(lambda s: sorted(node for node in s.nodes if node != self.node_id))
         return self._transport.schema_agreement(others, version)
 
-    def local_status(self) -> pb.LocalStatusResponse:
+    def local_status(self, state_digest: bool = False) -> pb.LocalStatusResponse:
+        digest, digest_index = self.group0.read(lambda s: (s.digest(), self.group0.applied_index)) if (
+            state_digest) else ("", 0)
         return pb.LocalStatusResponse(
+            state_digest=digest, digest_applied_index=digest_index,
             node_id=self.node_id, schema_version=self.inflight.applied_version(self.schema_version()),
             applied_index=self.group0.applied_index, pending_view_updates=self.store.outbox_size(),
             term=self.group0.term, leader=self.group0.leader_id or "", worker=pb.WorkerStats(**self.worker_stats()),

@@ -58,7 +58,7 @@ class RemoteNode:
         self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
         self._server.start()
 
-    def _status(self) -> pb.LocalStatusResponse:
+    def _status(self, state_digest: bool = False) -> pb.LocalStatusResponse:
         self.answering.wait(WAIT)
         return pb.LocalStatusResponse(node_id=self.replica.node_id, applied_index=12)
 

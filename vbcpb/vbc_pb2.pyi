@@ -689,11 +689,13 @@ class ScanPage(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[_Union[ScanRow, _Mapping]]] = ..., arrow: _Optional[bytes] = ..., partials: _Optional[_Iterable[_Union[Row, _Mapping]]] = ...) -> None: ...
 
 class LocalStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("state_digest",)
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    state_digest: bool
+    def __init__(self, state_digest: _Optional[bool] = ...) -> None: ...
 
 class LocalStatusResponse(_message.Message):
-    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader", "worker", "streams", "raft_secret_fingerprint", "insecure")
+    __slots__ = ("node_id", "schema_version", "applied_index", "pending_view_updates", "term", "leader", "worker", "streams", "raft_secret_fingerprint", "insecure", "state_digest", "digest_applied_index")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -704,6 +706,8 @@ class LocalStatusResponse(_message.Message):
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     RAFT_SECRET_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     INSECURE_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     schema_version: int
     applied_index: int
@@ -714,7 +718,9 @@ class LocalStatusResponse(_message.Message):
     streams: _containers.RepeatedCompositeFieldContainer[TabletStreamProgress]
     raft_secret_fingerprint: str
     insecure: bool
-    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[TabletStreamProgress, _Mapping]]] = ..., raft_secret_fingerprint: _Optional[str] = ..., insecure: _Optional[bool] = ...) -> None: ...
+    state_digest: str
+    digest_applied_index: int
+    def __init__(self, node_id: _Optional[str] = ..., schema_version: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[TabletStreamProgress, _Mapping]]] = ..., raft_secret_fingerprint: _Optional[str] = ..., insecure: _Optional[bool] = ..., state_digest: _Optional[str] = ..., digest_applied_index: _Optional[int] = ...) -> None: ...
 
 class ArrowChunk(_message.Message):
     __slots__ = ("table_id", "shard", "schema_version", "ipc", "rows")

@@ -11,6 +11,10 @@ after a leader change) returns the first outcome and changes nothing.
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
+import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
@@ -158,6 +162,11 @@ class Group0State:
     def view_progress(self, view_id: str) -> dict:
         return view_building.progress(self, view_id)
 
+    def digest(self) -> str:
+        """A hash of everything replicated (every field): equal on two members that applied the same commands,
+        whatever order their sets and restored dumps keep."""
+        return hashlib.sha256(json.dumps(_canonical(vars(self)), separators=(",", ":")).encode()).hexdigest()[:32]
+
     def validate(self) -> None:
         """Raise AssertionError when the state contradicts an invariant (`invariants.py`); tests call it after every
         command."""
@@ -207,3 +216,28 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     GrantPermissions: auth.grant,
     RevokePermissions: auth.revoke,
 }
+
+
+def _canonical(value):
+    """`value` as JSON-able data that does not depend on set or dict order (an OrderedDict keeps its order)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [type(value).__name__, {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}]
+    if isinstance(value, OrderedDict):
+        return [[_canonical(k), _canonical(v)] for k, v in value.items()]
+    if isinstance(value, dict):
+        return sorted(([_canonical(k), _canonical(v)] for k, v in value.items()), key=_order)
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=_order)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, enum.Enum):
+        return _canonical(value.value)
+    return [type(value).__name__, _canonical(vars(value))]
+
+
+def _order(value) -> str:
+    return json.dumps(value, sort_keys=True)
