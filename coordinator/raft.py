@@ -17,7 +17,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 from pysyncobj.transport import TCPTransport
 
 from coordinator import raft_storage
-from coordinator.raft_append import check_append, is_regular_append
+from coordinator.raft_append import check_append, is_regular_append, snapshot_is_held
 from coordinator.raft_storage import DUMP_FILE, match_journal_to_dump
 
 from coordinator.core.commands import Command, encode
@@ -103,9 +103,11 @@ def _sync_journal(path: Path) -> None:
 
 
 def _checked_message(syncobj: SyncObj, callback: Callable, node, message) -> None:
+    log = getattr(syncobj, "_SyncObj__raftLog", None)
     if isinstance(message, dict) and message.get("type") == "append_entries" and "serialized" in message:
         message = {**message, "commit_index": min(message.get("commit_index", 0), syncobj.raftCommitIndex)}
-    log = getattr(syncobj, "_SyncObj__raftLog", None)
+        if log is not None and _held_snapshot(syncobj, log, message["serialized"]):
+            return
     if log is None or not is_regular_append(message):
         callback(node, message)
         return
@@ -118,6 +120,31 @@ def _checked_message(syncobj: SyncObj, callback: Callable, node, message) -> Non
         return
     with _tail_kept(log):
         callback(node, check.message)
+
+
+def _held_snapshot(syncobj: SyncObj, log, chunk) -> bool:
+    """Collect the chunks of an incoming snapshot (on the member); at its last chunk, whether the log already holds
+    the entry it ends with (`raft_append.snapshot_is_held`: then it is dropped)."""
+    if chunk is None:
+        return False
+    data, first, last = chunk
+    if first:
+        syncobj._group0_snapshot = bytearray()
+    received = getattr(syncobj, "_group0_snapshot", None)
+    if received is None:
+        return False
+    received += data
+    if not last:
+        return False
+    syncobj._group0_snapshot = None
+    try:
+        held = snapshot_is_held(log, bytes(received))
+    except Exception as error:  # noqa: BLE001 - pysyncobj reports a dump it cannot load itself
+        logger.warning("group0 member %s: a snapshot from the leader could not be read (%s)", syncobj.selfNode, error)
+        return False
+    if held:
+        logger.info("group0 member %s: dropped a snapshot ending at an entry its log holds", syncobj.selfNode)
+    return held
 
 
 _refused_conflicts: set[str] = set()

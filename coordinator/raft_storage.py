@@ -199,6 +199,8 @@ def match_journal_to_dump(journal_path: Path, dump_path: Path) -> None:
         if start:
             logger.info("group0 journal %s: cutting the %d entries before its full dump's (a stop came between "
                         "writing the dump and cutting the journal)", journal_path, start)
+            sync_file(dump_path)  # the dump now holds what the entries cut held: on disk first
+            sync_directory(dump_path.parent)
             journal.deleteEntriesTo(start)
     finally:
         journal._destroy()

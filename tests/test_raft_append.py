@@ -2,10 +2,13 @@
 committed entry, and a commit index only over what the message checked."""
 from __future__ import annotations
 
+import gzip
+
 from hypothesis import given
 from hypothesis import strategies as st
+from pysyncobj import pickle as raft_pickle
 
-from coordinator.raft_append import MEMBERSHIP_COMMAND, check_append
+from coordinator.raft_append import MEMBERSHIP_COMMAND, check_append, snapshot_is_held
 
 REGULAR, MEMBERSHIP = b"\x00cmd", bytes([MEMBERSHIP_COMMAND]) + b"change"
 
@@ -88,3 +91,16 @@ def test_the_log_pysyncobj_builds_from_the_checked_message_is_the_raft_one(ours,
             expected.append(entry)
     assert got == expected
     assert message["commit_index"] <= max(prev, leader[-1][1])
+
+
+def dump_bytes(last: tuple, before_last: tuple) -> bytes:
+    return gzip.compress(raft_pickle.dumps((None, last, before_last, set())))
+
+
+def test_a_snapshot_ending_at_an_entry_the_log_holds_or_before_it_is_held():
+    log = log_of([1, 1, 2, 2], first=5)  # entries 5..8
+    assert snapshot_is_held(log, dump_bytes((REGULAR, 7, 2), (REGULAR, 6, 1)))
+    assert snapshot_is_held(log, dump_bytes((REGULAR, 3, 1), (REGULAR, 2, 1)))  # older than the log's own dump
+    assert not snapshot_is_held(log, dump_bytes((REGULAR, 7, 3), (REGULAR, 6, 1)))  # another term: a conflict
+    assert not snapshot_is_held(log, dump_bytes((REGULAR, 9, 2), (REGULAR, 8, 2)))  # newer: installed
+    assert not snapshot_is_held([], dump_bytes((REGULAR, 9, 2), (REGULAR, 8, 2)))

@@ -3,10 +3,12 @@
 Each test shows the library's own behaviour next to ours, so a new pysyncobj version that changes it fails here."""
 from __future__ import annotations
 
+import gzip
 from importlib.metadata import version
 
 import pytest
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import pickle as raft_pickle
 from pysyncobj.transport import TCPTransport
 
 from coordinator.raft import CheckedTransport
@@ -99,5 +101,28 @@ def test_an_append_that_would_change_a_committed_entry_is_refused(transport_clas
         terms = [(entry[1], entry[2]) for entry in log][-3:]
         assert terms == ([(2, 1), (3, 2), (4, 2)] if committed_changed else [(2, 1), (3, 1), (4, 1)])
         assert ("conflicts with this member's committed entry 3" in caplog.text) != committed_changed
+    finally:
+        private(follower, "transport").destroy()
+
+
+@pytest.mark.parametrize("transport_class, entries_lost", [(TCPTransport, True), (CheckedTransport, False)])
+def test_a_snapshot_the_log_already_holds_erases_nothing(transport_class, entries_lost, tmp_path):
+    """The leader sends its snapshot (ending at entry 3) again before the follower's answer to the first arrived;
+    meanwhile the follower appended entries 4 and 5 and acknowledged them. The library installs it again, clearing
+    them; ours drops it."""
+    addresses = [f"127.0.0.1:{port}" for port in allocate_ports(3)]
+    follower = Counter(addresses[0], addresses[1:], transport_class)
+    try:
+        log = private(follower, "raftLog")
+        for index in range(2, 6):
+            log.add(b"\x00" + bytes([index]), index, 1)
+        for name, value in (("raftCurrentTerm", 1), ("raftCommitIndex", 3), ("raftLastApplied", 3)):
+            setattr(follower, "_SyncObj__" + name, value)
+        dump = gzip.compress(raft_pickle.dumps(({"value": 7}, tuple(log[2]), tuple(log[1]),
+                                                {follower.selfNode} | set(follower.otherNodes))))
+        leader = next(iter(follower.otherNodes))
+        private(follower, "transport")._onMessageReceived(leader, {
+            "type": "append_entries", "term": 1, "commit_index": 3, "serialized": (dump, True, True)})
+        assert (log[-1][1] == 3) == entries_lost and (log[-1][1] == 5) != entries_lost
     finally:
         private(follower, "transport").destroy()

@@ -105,3 +105,24 @@ def test_a_corrupt_meta_file_refuses_to_start_with_what_to_do(tmp_path):
     with pytest.raises(CorruptRaftFile, match="could vote twice in one term"):
         member.start()
     member.close()
+
+
+def test_a_journal_matched_to_its_dump_at_start_is_cut_only_after_the_dump_is_synced(tmp_path, synced):
+    """A stop between pysyncobj's dump and its cut: at start the journal is cut to the dump's entries, and the dump
+    (never synced by the member that wrote it) is synced first, or a power loss then leaves neither."""
+    journal = DurableJournal(str(tmp_path / JOURNAL_FILE))
+    try:
+        for index in range(1, 6):
+            journal.add(b"command", index, 1)
+        journal.sync()
+    finally:
+        journal._destroy()
+    write_dump(tmp_path / raft_storage.DUMP_FILE, before_last=(b"command", 3, 1), last=(b"command", 4, 1))
+    synced.clear()
+    raft_storage.match_journal_to_dump(tmp_path / JOURNAL_FILE, tmp_path / raft_storage.DUMP_FILE)
+    assert synced == [str(tmp_path / raft_storage.DUMP_FILE), str(tmp_path), str(tmp_path / JOURNAL_FILE)]
+    journal = DurableJournal(str(tmp_path / JOURNAL_FILE))
+    try:
+        assert [entry[1] for entry in journal] == [3, 4, 5]
+    finally:
+        journal._destroy()
