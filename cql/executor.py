@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 from common.injection import Injections
 from common.metrics import NodeMetrics
-from coordinator.core.auth import CLUSTER, Principal
+from coordinator.core.auth import Principal
 from coordinator.core.errors import InvalidArgument
 from coordinator.core.schema import Table
 from replica.read_path import ReadCoordinator
@@ -52,16 +52,17 @@ class Executor:
         return prepared
 
     def execute(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "",
-                page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None,
-                principal: Principal = CLUSTER) -> Result:
+                page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None, *,
+                principal: Principal) -> Result:
         """`answer`, with a SELECT's rows as lists in `rows` too."""
-        return _with_rows(self.answer(text, params, prepared_id, page_size, paging_state, deadline, principal))
+        return _with_rows(self.answer(text, params, prepared_id, page_size, paging_state, deadline,
+                                      principal=principal))
 
     def answer(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "",
-               page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None,
-               principal: Principal = CLUSTER) -> Result:
+               page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None, *,
+               principal: Principal) -> Result:
         """One Result: a SELECT's every row (without `page_size`), or its page from `paging_state` on."""
-        pages = self.execute_pages(text, page_size, params, prepared_id, paging_state, deadline, principal)
+        pages = self.execute_pages(text, page_size, params, prepared_id, paging_state, deadline, principal=principal)
         try:
             return next(pages)
         finally:
@@ -69,9 +70,9 @@ class Executor:
 
     def execute_pages(self, text: str, page_size: int | None, params: list[list] | ArrowValues | None = None,
                       prepared_id: str = "", paging_state: bytes = b"",
-                      deadline: float | None = None, principal: Principal = CLUSTER) -> Iterator[Result]:
+                      deadline: float | None = None, *, principal: Principal) -> Iterator[Result]:
         """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set,
-        if `principal` holds the permissions it needs.
+        if `principal` holds the permissions it needs (the caller's, resolved once per call: no default).
 
         Value sets given as Arrow columns (their sizes checked by the caller) feed a prepared INSERT as one
         columnar write; everything else gets them as rows. A SELECT answers pages of `page_size` rows from

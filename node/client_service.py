@@ -60,7 +60,7 @@ class ClientService(rpc.ClientServicer):
     def _execute(self, request: pb.ExecuteRequest, principal: Principal, context=None) -> pb.ExecuteResponse:
         params = _params(request, self._executor.limits)
         result = self._executor.answer(request.statement, params, request.prepared_id, request.page_size or None,
-                                       request.paging_state, deadline_of(context), principal)
+                                       request.paging_state, deadline_of(context), principal=principal)
         return _response(result, request.arrow_results)
 
     @streaming
@@ -68,7 +68,7 @@ class ClientService(rpc.ClientServicer):
         params = _params(request, self._executor.limits)
         for page in self._executor.execute_pages(request.statement, request.page_size or STREAM_PAGE_ROWS, params,
                                                  request.prepared_id, request.paging_state, deadline_of(context),
-                                                 self._principal(context)):
+                                                 principal=self._principal(context)):
             yield _response(page, request.arrow_results)
 
     @unary

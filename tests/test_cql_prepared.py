@@ -20,13 +20,14 @@ from cql.limits import Limits
 from cql.prepared import UNPREPARED, BindColumn, PreparedCache, Unprepared, statement_id
 from vbc import client
 
+from .cluster_executor import ClusterExecutor
 from .fakes import FakeGroup0
 from .test_executor_routing import NOW, RecordingReader, RecordingWriter, register_node
 
 
 def executor_on(group0: FakeGroup0, limits: Limits | None = None) -> tuple[Executor, RecordingWriter]:
     writer = RecordingWriter()
-    return Executor(group0, writer, RecordingReader(), now=lambda: NOW, injections=Injections(),
+    return ClusterExecutor(group0, writer, RecordingReader(), now=lambda: NOW, injections=Injections(),
                     metrics=NodeMetrics(), limits=limits), writer
 
 
@@ -180,7 +181,7 @@ def test_too_many_value_sets_or_batch_statements_are_refused(cluster):
         executor.execute("INSERT INTO ks.t (p, c) VALUES (?, ?)", params=[[i, i] for i in range(4)])
     statements = " ".join(f"INSERT INTO ks.t (p, c) VALUES ({i}, 1);" for i in range(4))
     with pytest.raises(InvalidArgument, match="4 statements in one execution"):
-        Executor(group0, RecordingWriter(), RecordingReader(), now=lambda: NOW, injections=Injections(),
+        ClusterExecutor(group0, RecordingWriter(), RecordingReader(), now=lambda: NOW, injections=Injections(),
                  metrics=NodeMetrics(), limits=Limits(max_batch_rows=3)).execute(
             f"BEGIN BATCH {statements} APPLY BATCH")
 
@@ -213,7 +214,7 @@ def lagging_executor(group0: FakeGroup0) -> tuple[Executor, WriterBehindADrop]:
         elsewhere.execute("CREATE TABLE ks.t (p int, c bigint, v text, d double, PRIMARY KEY (p, c))")
 
     writer = WriterBehindADrop(recreate)
-    return Executor(group0, writer, RecordingReader(), now=lambda: NOW, injections=Injections(),
+    return ClusterExecutor(group0, writer, RecordingReader(), now=lambda: NOW, injections=Injections(),
                     metrics=NodeMetrics()), writer
 
 

@@ -10,10 +10,10 @@ from coordinator.core.errors import InvalidArgument
 from coordinator.core.schema import Filter
 from coordinator.core.views import view_row
 from cql import parse
-from cql.executor import Executor
 from cql.restrictions import FILTERING_REFUSAL, PARTITION_RANGE_REFUSAL, indexes_of, plan_select
 from worker.spark_views import compile_filter, view_condition
 
+from .cluster_executor import ClusterExecutor
 from .fakes import FakeGroup0
 
 SCHEMA = (
@@ -37,7 +37,7 @@ class NoDataPath:
 def cluster():
     group0 = FakeGroup0()
     group0.propose(RegisterNode(node_id="n1", grpc="127.0.0.1:1", raft="127.0.0.1:2", shards=1, cmd_id=None))
-    executor = Executor(group0, NoDataPath(), NoDataPath(), now=lambda: 1, injections=Injections(),
+    executor = ClusterExecutor(group0, NoDataPath(), NoDataPath(), now=lambda: 1, injections=Injections(),
                         metrics=NodeMetrics())
     for statement in SCHEMA:
         executor.execute(statement)

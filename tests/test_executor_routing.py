@@ -8,11 +8,11 @@ from common.injection import Injections
 from common.metrics import NodeMetrics
 from coordinator.core.commands import RegisterNode
 from coordinator.core.errors import FailedPrecondition, InvalidArgument, NotFound
-from cql.executor import Executor
 from replica.rows import partition_token
 from storage.arrow_layouts import arrow_type
 from storage.cells import Cell, Row
 
+from .cluster_executor import ClusterExecutor
 from .fakes import FakeGroup0
 
 NOW = 1_700_000_000_000_000
@@ -62,7 +62,7 @@ def cluster():
     group0 = FakeGroup0()
     register_node(group0, "n1")
     writer, reader = RecordingWriter(), RecordingReader()
-    executor = Executor(group0, writer, reader, now=lambda: NOW, injections=Injections(), metrics=NodeMetrics())
+    executor = ClusterExecutor(group0, writer, reader, now=lambda: NOW, injections=Injections(), metrics=NodeMetrics())
     executor.execute("CREATE KEYSPACE ks WITH replication = {'replication_factor': 1} AND tablets = {'initial': 4}")
     executor.execute("CREATE TABLE ks.t (p int, c int, v text, PRIMARY KEY (p, c))")
     return executor, group0, writer, reader
@@ -191,7 +191,7 @@ def test_ddl_waits_for_schema_agreement_and_names_the_nodes_that_did_not_confirm
         asked.append(version)
         return answers[len(asked) - 1]
 
-    executor = Executor(group0, RecordingWriter(), RecordingReader(), now=lambda: NOW, injections=Injections(),
+    executor = ClusterExecutor(group0, RecordingWriter(), RecordingReader(), now=lambda: NOW, injections=Injections(),
                         metrics=NodeMetrics(), schema_agreement=agreement)
     created = executor.execute("CREATE KEYSPACE ks WITH replication = {'rf': 1}")
     assert created.message == "created keyspace ks"
