@@ -4,6 +4,7 @@ Each test shows the library's own behaviour next to ours, so a new pysyncobj ver
 from __future__ import annotations
 
 import gzip
+from contextlib import contextmanager
 from importlib.metadata import version
 
 import pytest
@@ -60,69 +61,57 @@ def test_a_snapshot_chunk_does_not_commit_a_stale_uncommitted_entry(transport_cl
         private(follower, "transport").destroy()
 
 
-@pytest.mark.parametrize("transport_class, tail_cut", [(TCPTransport, True), (CheckedTransport, False)])
-def test_an_append_behind_the_log_cuts_no_matching_entry(transport_class, tail_cut, caplog):
-    """Finding 5: the library cuts every entry after `prevLogIdx` of any append, applied ones too ("truncating
-    already-applied log entries"); ours cuts only at a conflict."""
+@contextmanager
+def follower_holding(transport_class: type, last_index: int, term: int, commit: int):
+    """A hand-ticked member whose log holds entries 2..`last_index` of term 1, in `term`, committed and applied up
+    to `commit`; yields it, its log and the node it takes for its leader."""
     addresses = [f"127.0.0.1:{port}" for port in allocate_ports(3)]
     follower = Counter(addresses[0], addresses[1:], transport_class)
     try:
         log = private(follower, "raftLog")
-        for index in range(2, 6):
+        for index in range(2, last_index + 1):
             log.add(b"\x00" + bytes([index]), index, 1)
-        for name, value in (("raftCurrentTerm", 1), ("raftCommitIndex", 5), ("raftLastApplied", 5)):
+        for name, value in (("raftCurrentTerm", term), ("raftCommitIndex", commit), ("raftLastApplied", commit)):
             setattr(follower, "_SyncObj__" + name, value)
-        leader = next(iter(follower.otherNodes))
-        private(follower, "transport")._onMessageReceived(leader, {
-            "type": "append_entries", "term": 1, "commit_index": 5, "prevLogIdx": 3, "prevLogTerm": 1, "entries": []})
+        yield follower, log, next(iter(follower.otherNodes))
+    finally:
+        private(follower, "transport").destroy()
+
+
+def deliver(follower: SyncObj, sender, message: dict) -> None:
+    private(follower, "transport")._onMessageReceived(sender, {"type": "append_entries", **message})
+
+
+@pytest.mark.parametrize("transport_class, tail_cut", [(TCPTransport, True), (CheckedTransport, False)])
+def test_an_append_behind_the_log_cuts_no_matching_entry(transport_class, tail_cut, caplog):
+    """Finding 5: the library cuts every entry after `prevLogIdx` of any append, applied ones too ("truncating
+    already-applied log entries"); ours cuts only at a conflict."""
+    with follower_holding(transport_class, last_index=5, term=1, commit=5) as (follower, log, leader):
+        deliver(follower, leader, {"term": 1, "commit_index": 5, "prevLogIdx": 3, "prevLogTerm": 1, "entries": []})
         assert (log[-1][1] == 3) == tail_cut and (log[-1][1] == 5) != tail_cut
         assert ("truncating already-applied" in caplog.text) == tail_cut
         assert follower.raftCommitIndex == (3 if tail_cut else 5)
-    finally:
-        private(follower, "transport").destroy()
 
 
 @pytest.mark.parametrize("transport_class, committed_changed", [(TCPTransport, True), (CheckedTransport, False)])
 def test_an_append_that_would_change_a_committed_entry_is_refused(transport_class, committed_changed, caplog):
     """Committed and applied entries 3 and 4 (term 1) meet a leader's entries 3 and 4 of term 2: the library replaces
     them; ours keeps them and says why."""
-    addresses = [f"127.0.0.1:{port}" for port in allocate_ports(3)]
-    follower = Counter(addresses[0], addresses[1:], transport_class)
-    try:
-        log = private(follower, "raftLog")
-        for index in range(2, 5):
-            log.add(b"\x00" + bytes([index]), index, 1)
-        for name, value in (("raftCurrentTerm", 2), ("raftCommitIndex", 4), ("raftLastApplied", 4)):
-            setattr(follower, "_SyncObj__" + name, value)
-        leader = next(iter(follower.otherNodes))
-        private(follower, "transport")._onMessageReceived(leader, {
-            "type": "append_entries", "term": 2, "commit_index": 6, "prevLogIdx": 2, "prevLogTerm": 1,
-            "entries": [(b"\x00x", 3, 2), (b"\x00y", 4, 2)]})
+    with follower_holding(transport_class, last_index=4, term=2, commit=4) as (follower, log, leader):
+        deliver(follower, leader, {"term": 2, "commit_index": 6, "prevLogIdx": 2, "prevLogTerm": 1,
+                                   "entries": [(b"\x00x", 3, 2), (b"\x00y", 4, 2)]})
         terms = [(entry[1], entry[2]) for entry in log][-3:]
         assert terms == ([(2, 1), (3, 2), (4, 2)] if committed_changed else [(2, 1), (3, 1), (4, 1)])
         assert ("conflicts with this member's committed entry 3" in caplog.text) != committed_changed
-    finally:
-        private(follower, "transport").destroy()
 
 
 @pytest.mark.parametrize("transport_class, entries_lost", [(TCPTransport, True), (CheckedTransport, False)])
-def test_a_snapshot_the_log_already_holds_erases_nothing(transport_class, entries_lost, tmp_path):
+def test_a_snapshot_the_log_already_holds_erases_nothing(transport_class, entries_lost):
     """The leader sends its snapshot (ending at entry 3) again before the follower's answer to the first arrived;
     meanwhile the follower appended entries 4 and 5 and acknowledged them. The library installs it again, clearing
     them; ours drops it."""
-    addresses = [f"127.0.0.1:{port}" for port in allocate_ports(3)]
-    follower = Counter(addresses[0], addresses[1:], transport_class)
-    try:
-        log = private(follower, "raftLog")
-        for index in range(2, 6):
-            log.add(b"\x00" + bytes([index]), index, 1)
-        for name, value in (("raftCurrentTerm", 1), ("raftCommitIndex", 3), ("raftLastApplied", 3)):
-            setattr(follower, "_SyncObj__" + name, value)
+    with follower_holding(transport_class, last_index=5, term=1, commit=3) as (follower, log, leader):
         dump = gzip.compress(raft_pickle.dumps(({"value": 7}, tuple(log[2]), tuple(log[1]),
                                                 {follower.selfNode} | set(follower.otherNodes))))
-        leader = next(iter(follower.otherNodes))
-        private(follower, "transport")._onMessageReceived(leader, {
-            "type": "append_entries", "term": 1, "commit_index": 3, "serialized": (dump, True, True)})
+        deliver(follower, leader, {"term": 1, "commit_index": 3, "serialized": (dump, True, True)})
         assert (log[-1][1] == 3) == entries_lost and (log[-1][1] == 5) != entries_lost
-    finally:
-        private(follower, "transport").destroy()
