@@ -49,7 +49,8 @@ def test_seeded_schedules_keep_raft_safe(world, part):
         try:
             simulation.run()
         except AssertionError as error:
-            raise AssertionError(f"seed {seed}: {error}") from None
+            hash_seed = os.environ.get("PYTHONHASHSEED", "random")  # pysyncobj keeps its members in sets
+            raise AssertionError(f"seed {seed} (PYTHONHASHSEED={hash_seed}): {error}") from None
         finally:
             simulation.close()
     print(dict(stats))
