@@ -89,13 +89,13 @@ from storage.cells import Cell, Row, is_live, with_view_ts, write_ts
 from storage.store import NodeStore
 from worker.build_job import (
     Repair,
+    batch_floors,
     build_plan,
     by_destination,
-    deletes_by_destination,
+    repair_deletes,
     routed_now,
     view_tablet_targets,
 )
-from worker.view_repair import repair_floors, stale_deletes, stale_view_rows
 
 BASE = f"{1:032x}"
 COLUMNS = (ColumnSpec("k", "int"), ColumnSpec("a", "int"), ColumnSpec("b", "int"))
@@ -348,12 +348,8 @@ class Simulation:
         if not views:
             return None
         held = {view.id: self.held_rows(plan, view) for view in plan.views if view.id in views}
-        floors: dict = {}
-        for rows in held.values():
-            for base_row, floor in repair_floors(self.table, rows, plan.first_token, plan.last_token).items():
-                floors[base_row] = max(floors.get(base_row, 0), floor)
         stored, view_ts = node.table_rows(BASE), {}
-        for (token, key), floor in floors.items():
+        for (token, key), floor in batch_floors(plan, held).items():
             row = stored.get(key)
             if row is not None:
                 if row.view_ts is None or row.view_ts < floor:
@@ -416,12 +412,10 @@ class Simulation:
 
     def delete_stale(self, plan, view, implied: set[tuple], repair: Repair) -> None:
         """`BuildJob._delete_stale`."""
-        stale = stale_view_rows(self.table, view, repair.held[view.id], plan.first_token, plan.last_token, implied)
-        deletes = stale_deletes(view, stale, repair.view_ts)
-        for replica, rows in deletes_by_destination(plan, view, deletes).items():
+        for replica, rows in repair_deletes(plan, view, repair, implied).items():
             if self.nodes[replica.node].up:
                 self.merge_rows(self.nodes[replica.node], view.id, rows)
-        self.stats["stale view rows deleted by repairs"] += len(deletes)
+            self.stats["stale view rows deleted by repairs"] += len(rows)
 
     @staticmethod
     def merge_rows(target: SimNode, table_id: str, rows: list[Row]) -> None:

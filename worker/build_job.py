@@ -222,11 +222,7 @@ class BuildJob:
         if self._read_view_rows is None or self._delete_view_rows is None:
             raise Unavailable(f"node {self._node_id} cannot repair views: its build job reads no view replica")
         held = {view.id: self._held_rows(plan, view) for view in plan.views if view.id in views}
-        floors: dict[BaseRow, int] = {}
-        for rows in held.values():
-            for base_row, floor in repair_floors(plan.base, rows, plan.first_token, plan.last_token).items():
-                floors[base_row] = max(floors.get(base_row, 0), floor)
-        return Repair(held, self._store.raise_view_ts(plan.base.id, floors))
+        return Repair(held, self._store.raise_view_ts(plan.base.id, batch_floors(plan, held)))
 
     def _held_rows(self, plan: BuildPlan, view: Table) -> pa.Table:
         """Every row (deleted ones too) the view replicas this batch feeds hold, as key columns, write_ts and
@@ -241,11 +237,10 @@ class BuildJob:
     def _delete_stale(self, plan: BuildPlan, view: Table, rows: pa.Table | None, repair: Repair) -> None:
         """Delete the view rows read before the snapshot that the snapshot does not imply."""
         implied = set() if rows is None else set(view_keys_of(view, rows))
-        stale = stale_view_rows(plan.base, view, repair.held[view.id], plan.first_token, plan.last_token, implied)
-        deletes = stale_deletes(view, stale, repair.view_ts)
-        for replica, part in deletes_by_destination(plan, view, deletes).items():
+        deletes = repair_deletes(plan, view, repair, implied)
+        for replica, part in deletes.items():
             self._delete_view_rows(replica, view, plan.schema_version, part)
-        self.stats.add(view_rows_repaired=len(deletes))
+        self.stats.add(view_rows_repaired=sum(len(part) for part in deletes.values()))
 
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
         """Merge the view's rows at every destination replica, the destinations at once (each merge mostly waits:
@@ -299,6 +294,21 @@ def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...
         for destination in targets_of[tablet]:
             groups.setdefault(destination, []).append(rows)
     return {replica: pa.concat_tables(parts) for replica, parts in groups.items()}
+
+
+def batch_floors(plan: BuildPlan, held: dict[str, pa.Table]) -> dict[BaseRow, int]:
+    """The view_ts floor of each base row of the batch, over every view it repairs (`view_repair.repair_floors`)."""
+    floors: dict[BaseRow, int] = {}
+    for rows in held.values():
+        for base_row, floor in repair_floors(plan.base, rows, plan.first_token, plan.last_token).items():
+            floors[base_row] = max(floors.get(base_row, 0), floor)
+    return floors
+
+
+def repair_deletes(plan: BuildPlan, view: Table, repair: Repair, implied: set[tuple]) -> dict[Replica, list[Row]]:
+    """A repair's deletions of `view`'s stale rows (those `implied` lacks), by destination replica."""
+    stale = stale_view_rows(plan.base, view, repair.held[view.id], plan.first_token, plan.last_token, implied)
+    return deletes_by_destination(plan, view, stale_deletes(view, stale, repair.view_ts))
 
 
 def deletes_by_destination(plan: BuildPlan, view: Table, deletes: list[Row]) -> dict[Replica, list[Row]]:
