@@ -7,7 +7,6 @@ and boolean as 64-bit integers) then cast by the expression of `spark_token_sql`
 from __future__ import annotations
 
 import math
-import os
 import random
 import struct
 
@@ -31,16 +30,14 @@ MULTI_COLUMN_KEYS = (
 
 
 @pytest.fixture(scope="module")
-def spark():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+def spark(tmp_path_factory):
+    """The node's own launcher: it retries a driver JVM that exits while starting and logs what it printed."""
+    from worker.spark_session import NodeSpark, SparkConfig
 
-    session = (SparkSession.builder.master("local[1]").appName("vbc-token-test")
-               .config("spark.ui.enabled", "false").config("spark.driver.memory", "1g")
-               .config("spark.sql.shuffle.partitions", "1").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    node_spark = NodeSpark(SparkConfig(master="local[1]", driver_memory="1g", shuffle_partitions=1,
+                                       data_dir=str(tmp_path_factory.mktemp("spark"))))
+    yield node_spark.session()
+    node_spark.stop()
 
 
 def _spark_type(type_name: str, stored: bool):
