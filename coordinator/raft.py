@@ -17,7 +17,8 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 from pysyncobj.transport import TCPTransport
 
 from coordinator import raft_storage
-from coordinator.raft_append import check_append, is_regular_append, snapshot_is_held
+from coordinator.raft_append import (check_append, is_regular_append, rejection_hint, snapshot_is_held,
+                                     uncommitted_membership_change)
 from coordinator.raft_storage import DUMP_FILE, match_journal_to_dump
 
 from coordinator.core.commands import Command, encode
@@ -75,7 +76,9 @@ class CheckedMessages:
       the follower's was applied (and its proposer told SUCCESS) on the first chunk of a snapshot. The next regular
       append moves it instead;
     - a regular append truncates the log only at a conflict, never a committed entry, and commits only what it
-      checked (`coordinator.raft_append`)."""
+      checked (`coordinator.raft_append`);
+    - a rejection of an append sends the leader back to just after the member's commit index
+      (`raft_append.rejection_hint`)."""
 
     _before_send: Callable[[], None] = staticmethod(lambda: None)
 
@@ -85,7 +88,7 @@ class CheckedMessages:
 
     def send(self, node, message):
         self._before_send()  # what the message says (an append, its reply, a vote) is on disk first
-        return super().send(node, message)
+        return super().send(node, _with_rejection_hint(self._syncObj, message))
 
 
 class CheckedTransport(CheckedMessages, TCPTransport):
@@ -94,6 +97,42 @@ class CheckedTransport(CheckedMessages, TCPTransport):
     def __init__(self, syncObj, selfNode, otherNodes, before_send: Callable[[], None] = lambda: None):
         super().__init__(syncObj, selfNode, otherNodes)
         self._before_send = before_send
+
+
+class OneMembershipChange:
+    """What group0 adds to a pysyncobj member (a mixin before `SyncObj`): as leader, it appends a membership change
+    only when no earlier one is uncommitted (`raft_append.uncommitted_membership_change`), and denies it otherwise
+    (its callback gets REQUEST_DENIED). pysyncobj's own guard of this (`__changeClusterIDx`) is never set."""
+
+    def _SyncObj__changeCluster(self, request):
+        pending = uncommitted_membership_change(self._SyncObj__raftLog, self.raftCommitIndex)
+        if pending is not None:
+            logger.info("group0 member %s: a membership change (%s) waits for the one at index %d to commit",
+                        self.selfNode, request[0], pending)
+            return False
+        return super()._SyncObj__changeCluster(request)
+
+
+class Group0SyncObj(OneMembershipChange, SyncObj):
+    """pysyncobj's member with group0's membership rule."""
+
+
+def close_snapshot_files(syncobj: SyncObj) -> None:
+    """Close the files a stopped pysyncobj member keeps open while it sends or receives a snapshot (its `destroy`
+    leaves them to the garbage collector, which flushed a half-received snapshot into the file of the member started
+    after it in the same directory, at a moment of its choosing)."""
+    serializer = getattr(syncobj, "_SyncObj__serializer", None)
+    if serializer is None:
+        return
+    incoming = getattr(serializer, "_Serializer__incomingTransmissionFile", None)
+    if incoming is not None:
+        incoming.close()
+        serializer._Serializer__incomingTransmissionFile = None
+    transmissions = getattr(serializer, "_Serializer__transmissions", {})
+    for transmission in transmissions.values():
+        if "file" in transmission:
+            transmission["file"].close()
+    transmissions.clear()
 
 
 def _sync_journal(path: Path) -> None:
@@ -111,7 +150,7 @@ def _checked_message(syncobj: SyncObj, callback: Callable, node, message) -> Non
     if log is None or not is_regular_append(message):
         callback(node, message)
         return
-    check = check_append(log, syncobj.raftCommitIndex, message)
+    check = check_append(log, syncobj.raftCommitIndex, message, current_term=syncobj.raftCurrentTerm)
     if check.message is None:
         _refuse_conflict(syncobj, node, check.conflict)
         return
@@ -122,9 +161,27 @@ def _checked_message(syncobj: SyncObj, callback: Callable, node, message) -> Non
         callback(node, check.message)
 
 
+def _with_rejection_hint(syncobj: SyncObj, message):
+    """A follower's rejection of an append sends the leader back to just after its commit index
+    (`raft_append.rejection_hint`)."""
+    if not (isinstance(message, dict) and message.get("type") == "next_node_idx" and message.get("reset")
+            and not message.get("success")):
+        return message
+    log = getattr(syncobj, "_SyncObj__raftLog", None)
+    if log is None:
+        return message
+    hint = rejection_hint(log, syncobj.raftCommitIndex, message["next_node_idx"])
+    return message if hint == message["next_node_idx"] else {**message, "next_node_idx": hint}
+
+
 def _held_snapshot(syncobj: SyncObj, log, chunk) -> bool:
-    """Collect the chunks of an incoming snapshot (on the member); at its last chunk, whether the log already holds
-    the entry it ends with (`raft_append.snapshot_is_held`: then it is dropped)."""
+    """Collect the chunks of an incoming snapshot (on the member); whether to drop this one: a chunk of a snapshot
+    whose first chunk this member did not see, or the last chunk of one whose final entry the log already holds
+    (`raft_append.snapshot_is_held`).
+
+    pysyncobj appends any chunk to the snapshot file it has open, so a snapshot whose first chunk was lost (or one
+    whose last chunk was dropped here) was completed by the last chunk of another: a member installed an old
+    snapshot that way and lost the committed entries after it (seen in the Raft simulation)."""
     if chunk is None:
         return False
     data, first, last = chunk
@@ -132,7 +189,8 @@ def _held_snapshot(syncobj: SyncObj, log, chunk) -> bool:
         syncobj._group0_snapshot = bytearray()
     received = getattr(syncobj, "_group0_snapshot", None)
     if received is None:
-        return False
+        logger.info("group0 member %s: dropped a snapshot chunk without its beginning", syncobj.selfNode)
+        return True
     received += data
     if not last:
         return False
@@ -381,7 +439,7 @@ class Group0:
             match_journal_to_dump(journal, self._data_dir / DUMP_FILE)
             raft_storage.install()
             self._conf.onStateChanged = self._state_changed
-            self._syncobj = SyncObj(self._raft_addr, list(self._peers.values()), conf=self._conf,
+            self._syncobj = Group0SyncObj(self._raft_addr, list(self._peers.values()), conf=self._conf,
                                     transportClass=partial(CheckedTransport,
                                                            before_send=partial(_sync_journal, journal)),
                                     consumers=[self._state])
@@ -405,6 +463,7 @@ class Group0:
         self._state.close()
         if syncobj is not None:
             syncobj.destroy_synchronous()
+            close_snapshot_files(syncobj)
 
     def _state_changed(self, old_state: int, new_state: int) -> None:
         """pysyncobj's callback, on its tick thread once the state (and before it the term) changed."""
@@ -458,20 +517,20 @@ class Group0:
             try:
                 self._replicate(lambda callback: change(raft_addr, callback=callback), "membership change",
                                 max(deadline - time.monotonic(), 0.1))
-            except Group0Unavailable:
-                self._check_change_committed(raft_addr, adding, timeout)
+            except Group0Unavailable as error:
+                self._check_change_committed(raft_addr, adding, timeout, error)
         logger.info("group0 %s: %s %s", self._node_id, "added" if adding else "removed", raft_addr)
 
-    def _check_change_committed(self, raft_addr: str, adding: bool, timeout: float) -> None:
-        """After a change timed out: a barrier commits it if the leader has it; otherwise say it did not commit."""
+    def _check_change_committed(self, raft_addr: str, adding: bool, timeout: float, cause: Group0Unavailable) -> None:
+        """After a change timed out: a barrier commits it if the leader has it; otherwise say it did not commit,
+        and why (`cause`)."""
         what = f"{'adding' if adding else 'removing'} {raft_addr}"
         try:
             self.barrier(timeout=timeout)
         except Group0Unavailable as error:
             raise Group0Unavailable(f"{what} did not commit within {timeout:g}s: {error}") from None
         if (raft_addr in self.members()) != adding:
-            raise Group0Unavailable(f"{what} did not commit within {timeout:g}s (a leader change dropped it); "
-                                    "try again")
+            raise Group0Unavailable(f"{what} did not commit within {timeout:g}s ({cause}); try again")
 
     def _require_leader(self, what: str) -> None:
         if not self.is_leader:
@@ -659,6 +718,9 @@ class Group0:
             details.append(f"last attempt failed with {_reason(last_failure)}")
         if what == "command":
             details.append("the command may still be applied later: retry it unchanged (same command id)")
+        if what == "membership change" and last_failure == FAIL_REASON.REQUEST_DENIED:
+            details.append("another membership change is not committed yet (the leader makes one at a time, each "
+                           "committed before the next) or the member is already in that state")
         return Group0Unavailable("; ".join(details))
 
     def _connectivity_summary(self) -> str:

@@ -23,6 +23,14 @@ acknowledged since the first, and the leader counted them as held there (seen in
 entry lost). Raft keeps the entries after a snapshot's last one when the log holds it; with nothing to add, the
 follower drops it (the leader goes on from the snapshot's end whatever the answer).
 
+A leader appends a membership change only when every earlier one is committed (`uncommitted_membership_change`):
+pysyncobj 0.3.17 has that guard, but never arms it, so a leader cut off from its followers appended two joins, and
+the two new members with it made a majority of the five-member configuration while the two cut off made one of the
+old configuration.
+
+A follower that rejects an append tells the leader to go back to just after its commit index at once
+(`rejection_hint`), not one entry per round trip.
+
 Pure: the log is any sequence of (command, index, term) entries, as pysyncobj's journals are.
 """
 from __future__ import annotations
@@ -55,9 +63,10 @@ def is_regular_append(message: object) -> bool:
             and "transmission" not in message and "serialized" not in message)
 
 
-def check_append(log: Sequence[Entry], commit_index: int, message: dict) -> AppendCheck:
-    """The message pysyncobj should handle for `log` (see the module docstring)."""
-    if not log or not is_regular_append(message):
+def check_append(log: Sequence[Entry], commit_index: int, message: dict, *, current_term: int) -> AppendCheck:
+    """The message pysyncobj should handle for `log` (see the module docstring). A message of a term before the
+    member's `current_term` passes unchanged: it comes from a deposed leader, and pysyncobj ignores it."""
+    if not log or not is_regular_append(message) or message.get("term", 0) < current_term:
         return AppendCheck(message)
     first, last = log[0][1], log[-1][1]
 
@@ -97,3 +106,32 @@ def snapshot_is_held(log: Sequence[Entry], dump: bytes) -> bool:
     if position < 0:
         return True
     return position < len(log) and log[position][1] == last[1] and log[position][2] == last[2]
+
+
+def uncommitted_membership_change(log: Sequence[Entry], commit_index: int) -> int | None:
+    """The index of a membership change in `log` after `commit_index`, if there is one.
+
+    A leader may append a membership change only when none is: Raft's single-server changes are safe one at a time,
+    each committed before the next begins (two in flight let two disjoint majorities form)."""
+    for entry in reversed(log):
+        if entry[1] <= commit_index:
+            return None
+        if _is_membership(entry):
+            return entry[1]
+    return None
+
+
+def rejection_hint(log: Sequence[Entry], commit_index: int, next_index: int) -> int:
+    """Where the leader should go on with a follower that rejected its append (pysyncobj's `next_node_idx`, reset):
+    at most just after the follower's commit index, every entry up to which the leader holds too.
+
+    pysyncobj answers the entry it probed (a mismatch) or its log's end (a short log); the leader then steps back one
+    entry per round trip while it also sends ahead (it advances its next index as it sends), so when a round trip
+    takes longer than its append period, the replies to those sends keep resetting it forward: it never reached a
+    follower whose log ended in a few entries of a deposed leader's (seen in the Raft simulation). A committed entry is
+    in every later leader's log, and so is the first entry of the follower's log (its dump's last, applied), so the
+    leader matches there at once, or sends its snapshot."""
+    if not log:
+        return next_index
+    held = max(commit_index, log[0][1])
+    return min(next_index, held + 1)

@@ -15,6 +15,7 @@ of a later term. At the end, with the network healed, every live member applies 
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import random
@@ -24,11 +25,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+import pysyncobj.syncobj
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import Transport
 
 from coordinator import raft_storage
-from coordinator.raft import CheckedMessages
+from coordinator.raft import CheckedMessages, OneMembershipChange, close_snapshot_files
 
 TICK = 0.05  # simulated seconds per step of the clock
 
@@ -66,6 +68,30 @@ class Disk:
                     path.unlink()
 
 
+def install_world(setattr_=setattr) -> tuple[Clock, Disk]:
+    """Make pysyncobj read the simulation's clock and group0's storage record what each sync made durable (through
+    `setattr_`: pytest's `monkeypatch.setattr` undoes it after the test); the clock and the disk."""
+    clock, disk = Clock(), Disk()
+    setattr_(pysyncobj.syncobj, "monotonicTime", clock)
+    raft_storage.install()
+    synced_journal = raft_storage.DurableJournal.sync
+    synced_file = raft_storage.sync_file
+
+    def sync_journal(journal) -> None:
+        written = journal._dirty
+        synced_journal(journal)
+        if written:
+            disk.record(journal._path)
+
+    def sync_file(path) -> None:
+        synced_file(path)
+        disk.record(path)
+
+    setattr_(raft_storage.DurableJournal, "sync", sync_journal)
+    setattr_(raft_storage, "sync_file", sync_file)
+    return clock, disk
+
+
 @dataclass
 class Message:
     due: float
@@ -84,6 +110,7 @@ class Network:
         self.clock = clock
         self.transports: dict[str, SimTransport] = {}
         self.in_flight: list[Message] = []
+        self.last_due: dict[tuple[str, str], float] = {}  # when the last message in flight on a connection is due
         self.cut: set[frozenset] = set()
         self.sent = 0
         self.drop_rate = 0.0
@@ -95,12 +122,14 @@ class Network:
         if self.rng.random() < self.drop_rate:
             self.reset(source, target)
             return
-        previous = max((m.due for m in self.in_flight if (m.source, m.target) == (source, target)), default=0.0)
-        due = max(previous, self.clock.now + self.rng.choice((0.0, 0.0, 0.01, 0.05, 0.2)))
+        delay = self.rng.choice((0.0, 0.0, 0.01, 0.05, 0.2))
+        due = max(self.last_due.get((source, target), 0.0), self.clock.now + delay)
+        self.last_due[(source, target)] = due
         self.in_flight.append(Message(due, self.sent, source, target, pickle.dumps(message)))
 
     def reset(self, source: str, target: str) -> None:
         self.in_flight = [m for m in self.in_flight if (m.source, m.target) != (source, target)]
+        self.last_due.pop((source, target), None)
 
     def deliver_some(self) -> int:
         """Deliver the due messages of some connections, each connection's in the order sent."""
@@ -120,10 +149,11 @@ class Network:
 
     def forget(self, address: str) -> None:
         self.in_flight = [m for m in self.in_flight if address not in (m.source, m.target)]
+        self.last_due = {pair: due for pair, due in self.last_due.items() if address not in pair}
 
 
-class SimTransport(CheckedMessages, Transport):
-    """A pysyncobj transport over `Network`, with group0's checks; every member is always "connected"."""
+class NetworkTransport(Transport):
+    """A pysyncobj transport over `Network`; every member is always "connected"."""
 
     def __init__(self, network: Network, syncObj, selfNode, otherNodes):
         super().__init__(syncObj, selfNode, otherNodes)
@@ -132,7 +162,6 @@ class SimTransport(CheckedMessages, Transport):
         self._self = selfNode
         self._others = {node.address: node for node in otherNodes}
         network.transports[selfNode.address] = self
-        self._before_send = partial(_sync_journal, syncObj)
         self._ready = False
 
     @property
@@ -157,7 +186,6 @@ class SimTransport(CheckedMessages, Transport):
         self._onNodeDisconnected(node)
 
     def send(self, node, message) -> bool:
-        self._before_send()
         self._network.send(self._self.address, node.address, message)
         return True
 
@@ -171,14 +199,22 @@ class SimTransport(CheckedMessages, Transport):
             del self._network.transports[self._self.address]
 
 
+class SimTransport(CheckedMessages, NetworkTransport):
+    """`NetworkTransport` with group0's checks (`coordinator.raft.CheckedMessages`), as group0's TCP transport has."""
+
+    def __init__(self, network: Network, syncObj, selfNode, otherNodes):
+        super().__init__(network, syncObj, selfNode, otherNodes)
+        self._before_send = partial(_sync_journal, syncObj)
+
+
 def _sync_journal(syncobj: SyncObj) -> None:
     journal = getattr(syncobj, "_SyncObj__raftLog", None)
     if isinstance(journal, raft_storage.DurableJournal):
         journal.sync()
 
 
-class Member(SyncObj):
-    """A replicated list of the values proposed to it."""
+class Member(OneMembershipChange, SyncObj):
+    """A replicated list of the values proposed to it, with group0's membership rule."""
 
     def __init__(self, address: str, others: list[str], directory: Path, network: Network, compact_every: int):
         conf = SyncObjConf(autoTick=False, dynamicMembershipChange=True, appendEntriesUseBatch=False,
@@ -188,7 +224,6 @@ class Member(SyncObj):
                            leaderFallbackTimeout=2.0, commandsWaitLeader=False)
         super().__init__(address, others, conf, transportClass=partial(SimTransport, network))
         self.applied: list[int] = []
-        self.changing = False  # a membership change it began is not done yet
 
     @replicated
     def append(self, value: int) -> int:
@@ -198,6 +233,17 @@ class Member(SyncObj):
 
 def private(member: SyncObj, name: str):
     return getattr(member, "_SyncObj__" + name)
+
+
+class Refusals(logging.Handler):
+    """The appends a member refused as changing a committed entry: none of the schedules should see one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.CRITICAL)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 @dataclass
@@ -218,12 +264,14 @@ class Simulation:
     disk: Disk
     size: int = 3
     steps: int = 300
+    first_joiner: int = 0  # the number of the first member to join, after m1..m{size}
     rng: random.Random = field(init=False)
     network: Network = field(init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         random.seed(self.seed)  # pysyncobj draws its election timeouts from the global generator
+        self.clock.now = 1000.0  # a schedule runs the same alone or after others
         self.network = Network(self.rng, self.clock)
         self.network.drop_rate = self.rng.choice((0.0, 0.02, 0.1))
         self.compact_every = self.rng.choice((10, 40, 1000))
@@ -233,6 +281,10 @@ class Simulation:
         self.proposals: list[Proposal] = []
         self.leaders: dict[int, str] = {}  # term -> the member that led it
         self.history: list[int] = []  # the longest applied sequence seen
+        self.join_requests = 0
+        self.high_water: dict[str, tuple[int, int]] = {}  # a running member's highest commit index and applied count
+        self.joining: set[str] = set()  # members whose join is not answered yet
+        self.to_start: list[str] = []  # members whose join committed, started at the next step
         for address in self.addresses:
             self.start(address, [a for a in self.addresses if a != address])
 
@@ -245,6 +297,7 @@ class Simulation:
 
     def start(self, address: str, peers: list[str]) -> None:
         self.peers_at_start[address] = peers
+        self.high_water.pop(address, None)
         directory = self.directory(address)
         raft_storage.match_journal_to_dump(directory / "raft.journal", directory / "raft.dump")  # as Group0.start
         self.members[address] = Member(address, peers, self.directory(address), self.network, self.compact_every)
@@ -256,6 +309,7 @@ class Simulation:
         self.members[address] = None
         self.network.forget(address)
         member.destroy()
+        close_snapshot_files(member)
         notifier = getattr(member, "_SyncObj__pipeNotifier", None)
         if notifier is not None:
             os.close(notifier._PipeNotifier__pipeR)
@@ -273,11 +327,18 @@ class Simulation:
     # ------------------------------------------------------------ the schedule
 
     def run(self) -> None:
-        for _ in range(self.steps):
-            self.step()
-            self.check()
-        self.heal()
-        self.check_end()
+        refusals = Refusals()
+        logging.getLogger("coordinator.raft").addHandler(refusals)
+        try:
+            for _ in range(self.steps):
+                self.step()
+                self.check()
+                assert not refusals.messages, refusals.messages[0]
+            self.heal()
+            self.check_end()
+            assert not refusals.messages, refusals.messages[0]
+        finally:
+            logging.getLogger("coordinator.raft").removeHandler(refusals)
 
     def step(self) -> None:
         roll = self.rng.random()
@@ -291,12 +352,13 @@ class Simulation:
             self.crash_all()
         elif roll < 0.27:
             self.restart_one()
-        elif roll < 0.276 and len(self.members) < self.size + 2:
+        elif roll < 0.276 and len(self.members) + len(self.joining) < self.size + 2:
             self.join()
         else:
             self.advance()
 
     def advance(self) -> None:
+        self.start_joined()
         self.clock.now += TICK
         self.network.deliver_some()
         for _, member in self.live():
@@ -349,25 +411,32 @@ class Simulation:
             self.stats["restarts"] += 1
 
     def join(self) -> None:
-        """New members ask to be added, one or two at once (under a partition, sometimes). As group0's
-        `Group0._change_membership` does, only a leader adds a member, one change at a time, and only once an entry
-        of its term is committed (every change an earlier leader began is then committed or gone)."""
+        """New members ask a leader (one that believes it leads: under a partition, maybe a stale one) to add them,
+        one or two at once. As with `vbc cluster add-node`, a new member starts once its join committed."""
         for _ in range(self.rng.choice((1, 1, 2))):
             leader = next((m for _, m in self.live() if m._isLeader()), None)
-            if leader is None or leader.changing or private(leader, "raftCommitIndex") < (
-                    private(leader, "noopIDx") or 0):
-                self.stats["joins refused (no leader, or a change under way)"] += 1
+            if leader is None:
+                self.stats["joins refused (no leader)"] += 1
                 continue
-            address = f"m{len(self.members) + 1}:1"
-            self.members[address] = None
-            leader.changing = True
+            self.join_requests += 1
+            address = f"m{self.size + self.first_joiner + self.join_requests}:1"
+            self.joining.add(address)
 
-            def done(result, error, leader=leader) -> None:
-                leader.changing = False
+            def done(result, error, address=address) -> None:
+                self.joining.discard(address)
+                if error == FAIL_REASON.SUCCESS:
+                    self.to_start.append(address)
+                    self.stats["joins"] += 1
+                else:
+                    self.stats["joins refused or dropped"] += 1
 
             leader.addNodeToCluster(address, callback=done)
+
+    def start_joined(self) -> None:
+        while self.to_start:
+            address = self.to_start.pop(0)
+            self.members[address] = None
             self.start(address, [a for a in self.members if a != address])
-            self.stats["joins"] += 1
 
     def heal(self) -> None:
         """The network heals, every member comes back, and time passes until nothing is in flight."""
@@ -387,7 +456,7 @@ class Simulation:
         if leader is None:
             return False
         members = {leader.selfNode.address} | {node.address for node in leader.otherNodes}
-        return all(wanted <= set(m.applied) for a, m in self.live() if a in members) and not self.network.in_flight
+        return all(wanted <= set(m.applied) for a, m in self.live() if a in members)
 
     # ------------------------------------------------------------ the checks
 
@@ -401,7 +470,17 @@ class Simulation:
                 self.check_leader_holds_acknowledged(member, term)
             logs[address] = {entry[1]: (entry[2], entry[0]) for entry in private(member, "raftLog")}
             self.check_applied(address, member.applied)
+            self.check_no_regression(address, member)
         self.check_log_matching(logs)
+
+    def check_no_regression(self, address: str, member: Member) -> None:
+        """While a member runs, its commit index and what it applied never go back (a restart may lower the commit
+        index it knows of, never what it applied: that is in its dump and journal)."""
+        seen = (member.raftCommitIndex, len(member.applied))
+        before = self.high_water.get(address, (0, 0))
+        assert seen[0] >= before[0], f"{address}'s commit index went back from {before[0]} to {seen[0]}"
+        assert seen[1] >= before[1], f"{address} forgot applied entries: {before[1]} applied, now {seen[1]}"
+        self.high_water[address] = seen
 
     def check_applied(self, address: str, applied: list[int]) -> None:
         shorter, longer = sorted((applied, self.history), key=len)

@@ -12,7 +12,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj import pickle as raft_pickle
 from pysyncobj.transport import TCPTransport
 
-from coordinator.raft import CheckedTransport
+from coordinator.raft import CheckedTransport, OneMembershipChange
 from vbc.cluster import allocate_ports
 
 PINNED = "0.3.17"
@@ -23,7 +23,7 @@ def test_the_pinned_pysyncobj_is_the_one_installed():
 
 
 class Counter(SyncObj):
-    def __init__(self, self_addr: str, others: list[str], transport_class: type):
+    def __init__(self, self_addr: str, others: list[str], transport_class: type = TCPTransport):
         super().__init__(self_addr, others, SyncObjConf(autoTick=False, dynamicMembershipChange=True),
                          transportClass=transport_class)
         self.value = 0
@@ -32,6 +32,10 @@ class Counter(SyncObj):
     def add(self, x: int) -> int:
         self.value += x
         return self.value
+
+
+class CheckedCounter(OneMembershipChange, Counter):
+    """The counter with group0's membership rule, as group0's own member (`Group0SyncObj`) has it."""
 
 
 def private(member: SyncObj, name: str):
@@ -114,4 +118,42 @@ def test_a_snapshot_the_log_already_holds_erases_nothing(transport_class, entrie
         dump = gzip.compress(raft_pickle.dumps(({"value": 7}, tuple(log[2]), tuple(log[1]),
                                                 {follower.selfNode} | set(follower.otherNodes))))
         deliver(follower, leader, {"term": 1, "commit_index": 3, "serialized": (dump, True, True)})
+        assert (log[-1][1] == 3) == entries_lost and (log[-1][1] == 5) != entries_lost
+
+
+@pytest.mark.parametrize("member_class, both_appended", [(Counter, True), (CheckedCounter, False)])
+def test_a_leader_appends_one_membership_change_at_a_time(member_class, both_appended):
+    """Finding 1: leader A of {A, B, C}, its first entry of term 1 committed, is cut off from B and C; joins of D and
+    E reach it. The library appends both (then {A, D, E} is a majority of the five-member configuration while {B, C}
+    is one of the old): ours appends D's and denies E's until D's commits."""
+    a, b, c, d, e = (f"127.0.0.1:{port}" for port in allocate_ports(5))
+    leader = member_class(a, [b, c])
+    try:
+        for name, value in (("raftState", 2), ("raftCurrentTerm", 1), ("raftLeader", leader.selfNode),
+                            ("noopIDx", 1), ("raftCommitIndex", 1), ("raftLastApplied", 1)):
+            setattr(leader, "_SyncObj__" + name, value)
+        answers = {}
+        for joining in (d, e):
+            leader.addNodeToCluster(joining, callback=lambda result, error, joining=joining:
+                                    answers.setdefault(joining, error))
+        leader._checkCommandsToApply()
+        changes = [entry[1] for entry in private(leader, "raftLog") if entry[0][:1] == b"\x02"]
+        assert changes == ([2, 3] if both_appended else [2])
+        assert answers == ({} if both_appended else {e: FAIL_REASON.REQUEST_DENIED})
+        assert leader.raftCommitIndex == 1  # neither change is committed: B and C never answered
+    finally:
+        private(leader, "transport").destroy()
+
+
+@pytest.mark.parametrize("transport_class, entries_lost", [(TCPTransport, True), (CheckedTransport, False)])
+def test_a_snapshot_is_never_completed_by_a_chunk_of_another(transport_class, entries_lost):
+    """A snapshot ending at entry 3 comes in two chunks; the follower holds entries up to 5 (3 committed). Then the
+    last chunk of a later sending arrives alone (its first was lost). The library installs the first snapshot, or
+    completes it with the lone chunk: entries 4 and 5 are gone. Ours drops the held snapshot, then the lone chunk."""
+    with follower_holding(transport_class, last_index=5, term=1, commit=3) as (follower, log, leader):
+        dump = gzip.compress(raft_pickle.dumps(({"value": 7}, tuple(log[2]), tuple(log[1]),
+                                                {follower.selfNode} | set(follower.otherNodes))))
+        half = len(dump) // 2
+        for chunk in ((dump[:half], True, False), (dump[half:], False, True), (dump[half:], False, True)):
+            deliver(follower, leader, {"term": 1, "commit_index": 3, "serialized": chunk})
         assert (log[-1][1] == 3) == entries_lost and (log[-1][1] == 5) != entries_lost
