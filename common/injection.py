@@ -34,6 +34,8 @@ KNOWN_POINTS = {
     "worker_pause_build_range": PointSpec("a view building batch, before it scans its tablet replica", PAUSE),
     "worker_fail_build_range": PointSpec(
         "a view building batch, before it scans (fail mode: the batch fails)", FAIL),
+    "worker_pause_after_chunk": PointSpec(
+        "a chunked view building batch, after a chunk's view rows are applied and its checkpoint recorded", PAUSE),
     "worker_pause_before_finish": PointSpec(
         "a view building batch whose view rows are applied, before it is recorded finished", PAUSE),
     "stream_tablet_fail": PointSpec(

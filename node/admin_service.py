@@ -15,6 +15,7 @@ from coordinator.core.commands import (
     DecommissionNode,
     RequestTabletMerge,
     SetBalancer,
+    SetBuildSettings,
     SplitTablets,
     StartTabletMigration,
 )
@@ -181,6 +182,17 @@ class AdminService(rpc.AdminServicer):
         return self._deps.read_state(lambda s: pb.BalancerStatus(
             enabled=s.balancer_enabled, migrations=len(s.transitions),
             loads=[pb.NodeLoad(node=n, replicas=c) for n, c in balancer.imbalance(s).items()]))
+
+    @unary
+    def BuildConfig(self, request, context):
+        if request.chunk_rows:
+            self._deps.require_ready()
+            outcome = self._deps.propose(SetBuildSettings(cmd_id=uuid.uuid4().hex, chunk_rows=request.chunk_rows))
+            if not outcome.ok:
+                raise outcome.error
+        else:
+            self._deps.catch_up()
+        return self._deps.read_state(lambda s: pb.BuildSettings(chunk_rows=s.build_settings.chunk_rows))
 
     @unary
     def Migration(self, request, context):

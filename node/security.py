@@ -53,6 +53,10 @@ def _balancer_policy(request) -> str:
     return LOGIN if getattr(request, "action", "") == "status" else SUPERUSER  # its status needs a login only
 
 
+def _build_config_policy(request) -> str:
+    return SUPERUSER if getattr(request, "chunk_rows", 0) else LOGIN  # showing the settings needs a login only
+
+
 # Who may call each method of every service a node serves: a method no policy names is refused (PERMISSION_DENIED),
 # so a new RPC is closed until it is given one here (tests/test_node_authentication.py checks every method).
 METHOD_POLICIES: dict[str, str | Callable[[object], str]] = {
@@ -61,6 +65,7 @@ METHOD_POLICIES: dict[str, str | Callable[[object], str]] = {
     **{f"/vbc.v1.Admin/{name}": SUPERUSER
        for name in ("Inject", "CheckView", "MoveTablet", "ResizeTablets", "JoinCluster", "Decommission")},
     "/vbc.v1.Admin/Balancer": _balancer_policy,
+    "/vbc.v1.Admin/BuildConfig": _build_config_policy,
     **{f"/vbc.v1.Internode/{name}": NODES
        for name in ("ReplicaWrite", "ReplicaWrites", "ViewUpdate", "ViewUpdates", "Scan", "LocalStatus",
                     "SchemaBarrier", "MergeViewRows", "ReadRange", "StreamTablet", "CleanupTablet", "ReadTabletRows")},

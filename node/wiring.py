@@ -7,7 +7,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from common.metrics import NodeMetrics, serve_metrics
 from common.open_calls import OpenCalls
 from common.peers import Peers
 from common.worker_client import WorkerClient
-from coordinator.core.commands import RegisterNode
+from coordinator.core.commands import RecordTaskProgress, RegisterNode
 from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
 from coordinator.core.state import Group0State
@@ -43,7 +44,7 @@ from storage.ledger import FinishedTaskLedger
 from storage.store import NodeStore
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
-from worker.build_job import BuildJob
+from worker.build_job import BuildJob, Chunking
 from worker.check import CheckResult, check_plan, check_view
 from worker.executor import WorkerExecutor
 from worker.service import WorkerService
@@ -159,7 +160,8 @@ class Node:
                                   self.endpoint.merge_view_rows, self.injections,
                                   track_write=lambda: self.inflight.track(self.schema_version),
                                   read_view_rows=self.endpoint.view_rows,
-                                  delete_view_rows=self.endpoint.delete_view_rows)
+                                  delete_view_rows=self.endpoint.delete_view_rows,
+                                  chunking=Chunking(self.ledger, self._chunk_rows, self._report_task_progress))
         self._parallel_batches = max(2, config.shards)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
                                      self.build_job, lambda: self.group0.term, max_parallel=self._parallel_batches)
@@ -292,6 +294,15 @@ class Node:
             folder = Path(self.config.certs_dir or self.data_dir)
             tls = {"certfile": str(folder / security.NODE_CERT), "keyfile": str(folder / security.NODE_KEY)}
         self._metrics_server, _ = serve_metrics(address, self.metrics.registry, **tls)
+
+    def _chunk_rows(self) -> int:
+        return self.group0.read(lambda state: state.build_settings.chunk_rows)
+
+    def _report_task_progress(self, rows: Mapping[str, int]) -> None:
+        """The rows each task's running batch scanned so far, to group0 (the views' rows_done)."""
+        task_ids = tuple(sorted(rows))
+        self.group0.propose(RecordTaskProgress(cmd_id=uuid.uuid4().hex, task_ids=task_ids,
+                                               rows_scanned=tuple(rows[t] for t in task_ids)), timeout=5.0)
 
     def _join(self) -> None:
         """Register this node in group0 (retrying until a leader commits it), then report SERVING."""

@@ -70,6 +70,7 @@ import adbc_driver_sqlite.dbapi
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import sqlalchemy as sa
 
 from .adbc_pool import ChildPool
 from .arrow_layouts import (
@@ -399,6 +400,25 @@ def read_token_range(store: NodeStore, spec: TableSpec, first_token: int, last_t
     else:
         raw = _read_snapshot(backend, _postgres_read_sql(spec, include_tombstones, limit), params, batch_rows)
     return _as_storage_schema(raw, schema)
+
+
+def chunk_end(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, max_rows: int) -> int:
+    """The last token of a chunk of the range beginning at `first_token` that holds about `max_rows` rows (deleted
+    ones counted): `last_token` when the rest of the range holds no more; otherwise a token boundary, so no token's
+    rows are split (a chunk is larger only when its first token alone holds more). Two index probes, no rows read."""
+    if max_rows < 1:
+        raise ValueError(f"a chunk holds at least one row, not {max_rows}")
+    try:
+        token = store.physical_table(spec.table_id).table.c.token
+    except KeyError:
+        return last_token
+    in_range = sa.select(token).where(token >= first_token, token <= last_token).order_by(token).limit(1)
+    with store.reading() as conn:
+        cut = conn.execute(in_range.offset(max_rows)).scalar()
+        if cut is None:
+            return last_token
+        first_held = conn.execute(in_range).scalar()
+    return cut - 1 if first_held < cut else cut
 
 
 def read_token_window(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, max_rows: int, *,

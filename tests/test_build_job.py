@@ -5,11 +5,12 @@ import pytest
 
 from common.injection import Injections
 from coordinator.core import view_building
-from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN, tablet_of
+from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN, tablet_of, tablet_range
 from replica.rows import storage_spec, upsert_row
 from storage import bulk
+from storage.ledger import Checkpoint, FinishedTaskLedger
 from storage.store import NodeStore
-from worker.build_job import BuildJob
+from worker.build_job import BuildJob, Chunking
 from worker.executor import BatchControl
 from worker.spark_session import NodeSpark, SparkConfig
 from worker.tasks import StartBatch
@@ -149,3 +150,31 @@ def test_a_batch_whose_rows_have_no_view_row_finishes_with_nothing_to_merge(tmp_
         assert job(StartBatch(1, 0, 1, (task,)), BatchControl({task.id: task})) == 20
         assert job.stats.spark_jobs == 1
 
+
+
+def test_a_chunked_batch_builds_the_same_view_one_spark_job_per_chunk_and_resumes_at_its_checkpoint(cluster, spark,
+                                                                                                   tmp_path):
+    schema, stores, _ = cluster
+    ledgers = {n: FinishedTaskLedger(tmp_path / f"{n}-ledger.db") for n in NODES}
+    reported: dict[str, int] = {}
+    jobs = {n: BuildJob(n, stores[n], spark, lambda fn: fn(schema.state), lambda _version: None,
+                        _merge_into(stores), Injections(),
+                        chunking=Chunking(ledgers[n], lambda: 20, reported.update)) for n in NODES}
+    task = next(t for t in schema.state.tasks.values() if t.replica.node == "n1")
+    tablet_rows = stores["n1"].count(schema.table_id, *tablet_range(task.tablet_id, 4))
+    first, last = tablet_range(task.tablet_id, 4)
+    middle = first + (last - first) // 2
+    ledgers["n1"].record_progress({task.id: Checkpoint(middle, 1234)})  # a worker stopped half way
+    done = jobs["n1"](StartBatch(1, task.replica.shard, 1, (task,)), BatchControl({task.id: task}))
+    rest = stores["n1"].count(schema.table_id, middle, last)
+    assert done.scanned == rest < tablet_rows and done.per_task == {task.id: 1234 + rest}
+    assert jobs["n1"].stats.spark_jobs >= rest // 20 and reported[task.id] == 1234 + rest
+    ledgers["n1"].forget([task.id])
+    scanned = sum(jobs[t.replica.node](StartBatch(2, t.replica.shard, 1, (t,)), BatchControl({t.id: t})).scanned
+                  for t in schema.state.tasks.values())
+    assert scanned == 2 * 300
+    expected = {(str(i), i // 10, i % 10) for i in range(300)}
+    assert all(view_rows(stores[n], schema) == expected for n in NODES)
+    assert sum(job.stats.spark_jobs for job in jobs.values()) > len(schema.state.tasks) + rest // 20
+    for ledger in ledgers.values():
+        ledger.close()

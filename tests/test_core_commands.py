@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import state as state_module
+from coordinator.core.build_settings import DEFAULT_CHUNK_ROWS
 from coordinator.core.commands import (
     COMMANDS,
     JOURNAL_VERSION,
@@ -24,7 +25,9 @@ from coordinator.core.commands import (
     DropView,
     FinishViewBuildingTasks,
     Noop,
+    RecordTaskProgress,
     RegisterNode,
+    SetBuildSettings,
     SetProcessingBase,
     WhereTerm,
     cmd_id_of,
@@ -288,6 +291,32 @@ def test_finishing_tasks_adds_the_rows_their_batches_scanned_to_the_view():
     assert again.ok and state.view_progress(view_id)["rows_done"] == 12  # already removed: counted once
     refused = state.apply(FinishViewBuildingTasks(term=term, task_ids=("x",), rows_scanned=(1, 2), cmd_id="r3"))
     assert refused.error_code == "INVALID_ARGUMENT" and "2 counts for 1 task ids" in refused.error_message
+
+
+def test_rows_reported_chunk_by_chunk_move_rows_done_which_never_goes_down():
+    state, _, view_id = building_state()
+    first, second = sorted(t.id for t in state.tasks_of_view(view_id))[:2]
+    assert state.apply(RecordTaskProgress(task_ids=(first, second), rows_scanned=(1000, 400), cmd_id=None)).value == 2
+    assert state.view_progress(view_id)["rows_done"] == 1400
+    assert state.apply(RecordTaskProgress(task_ids=(first,), rows_scanned=(600,), cmd_id=None)).ok  # a late report
+    assert state.apply(RecordTaskProgress(task_ids=(first, "gone"), rows_scanned=(2000, 9), cmd_id=None)).value == 1
+    assert state.view_progress(view_id)["rows_done"] == 2400
+    term = max(state.view_building_term, 1)
+    finished = FinishViewBuildingTasks(term=term, task_ids=(first, second), rows_scanned=(2500, 300), cmd_id=None)
+    assert state.apply(finished).ok
+    assert state.view_progress(view_id)["rows_done"] == 2900  # 500 more of the first; the second's 300 < its 400
+    assert first not in state.task_rows and second not in state.task_rows
+    refused = state.apply(RecordTaskProgress(task_ids=("x", "y"), rows_scanned=(1,), cmd_id=None))
+    assert refused.error_code == "INVALID_ARGUMENT"
+
+
+def test_the_chunk_size_is_a_cluster_setting_within_bounds():
+    state = Group0State()
+    assert state.build_settings.chunk_rows == DEFAULT_CHUNK_ROWS
+    assert state.apply(SetBuildSettings(chunk_rows=1000, cmd_id=None)).value.chunk_rows == 1000
+    refused = state.apply(SetBuildSettings(chunk_rows=5, cmd_id=None))
+    assert refused.error_code == "INVALID_ARGUMENT" and "not 5" in refused.error_message
+    assert state.build_settings.chunk_rows == 1000
 
 
 def test_finishing_tasks_removes_them_once_and_ignores_absent_ids():

@@ -675,6 +675,14 @@ def balancer(addr_or_addrs, action: str = "status", timeout: float = DEFAULT_TIM
             "loads": {load.node: load.replicas for load in answer.loads}}
 
 
+def build_config(addr_or_addrs, chunk_rows: int = 0, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """Admin.BuildConfig: the cluster's view building settings ({"chunk_rows"}), after changing those given."""
+    request = pb.BuildConfigRequest(chunk_rows=chunk_rows)
+    answer = call_any(addr_or_addrs, lambda addr: admin_stub(addr).BuildConfig(request, timeout=timeout),
+                      idempotent=True)  # setting a value twice leaves it set
+    return {"chunk_rows": answer.chunk_rows}
+
+
 def migration(addr_or_addrs, migration_id: str, timeout: float = 10.0) -> dict:
     """Admin.Migration: where migration `migration_id` is (see `migration_to_dict`)."""
     request = pb.MigrationRequest(migration_id=migration_id)

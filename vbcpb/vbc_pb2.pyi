@@ -97,6 +97,18 @@ class ExecuteResponse(_message.Message):
     plan: str
     def __init__(self, columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., message: _Optional[str] = ..., paging_state: _Optional[bytes] = ..., arrow_rows: _Optional[bytes] = ..., plan: _Optional[str] = ...) -> None: ...
 
+class BuildConfigRequest(_message.Message):
+    __slots__ = ("chunk_rows",)
+    CHUNK_ROWS_FIELD_NUMBER: _ClassVar[int]
+    chunk_rows: int
+    def __init__(self, chunk_rows: _Optional[int] = ...) -> None: ...
+
+class BuildSettings(_message.Message):
+    __slots__ = ("chunk_rows",)
+    CHUNK_ROWS_FIELD_NUMBER: _ClassVar[int]
+    chunk_rows: int
+    def __init__(self, chunk_rows: _Optional[int] = ...) -> None: ...
+
 class BalancerRequest(_message.Message):
     __slots__ = ("action",)
     ACTION_FIELD_NUMBER: _ClassVar[int]

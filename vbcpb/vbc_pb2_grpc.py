@@ -307,6 +307,11 @@ class AdminStub:
                 request_serializer=vbcpb_dot_vbc__pb2.BalancerRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.BalancerStatus.FromString,
                 _registered_method=True)
+        self.BuildConfig = channel.unary_unary(
+                '/vbc.v1.Admin/BuildConfig',
+                request_serializer=vbcpb_dot_vbc__pb2.BuildConfigRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.BuildSettings.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -390,6 +395,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BuildConfig(self, request, context):
+        """Show the cluster's view building settings, and change those given (a field left 0 is unchanged).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -447,6 +459,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Balancer,
                     request_deserializer=vbcpb_dot_vbc__pb2.BalancerRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.BalancerStatus.SerializeToString,
+            ),
+            'BuildConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.BuildConfig,
+                    request_deserializer=vbcpb_dot_vbc__pb2.BuildConfigRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.BuildSettings.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -748,6 +765,33 @@ class Admin:
             '/vbc.v1.Admin/Balancer',
             vbcpb_dot_vbc__pb2.BalancerRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.BalancerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/BuildConfig',
+            vbcpb_dot_vbc__pb2.BuildConfigRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.BuildSettings.FromString,
             options,
             channel_credentials,
             insecure,

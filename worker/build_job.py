@@ -1,16 +1,24 @@
-"""One build_range batch as one Spark job: scan the base tablet replica once, compute every view's rows, merge them
-at their paired view replicas (through `merge_view_rows`: the node merges locally without an RPC), so a retried
-batch changes nothing. A batch with repair tasks also reads those view replicas first and deletes the rows its
-base rows no longer imply (`worker.view_repair`)."""
+"""One build_range batch: scan the base tablet replica once, compute every view's rows in Spark, merge them at their
+paired view replicas (through `merge_view_rows`: the node merges locally without an RPC), so a retried batch changes
+nothing. A batch with repair tasks also reads those view replicas first and deletes the rows its base rows no longer
+imply (`worker.view_repair`).
+
+With `Chunking`, a batch reads its tablet replica in token order in chunks of about the cluster's `chunk_rows` rows
+(`storage.bulk.chunk_end`), one Spark job and one set of merges each, so its memory does not grow with the tablet;
+after each chunk it records its tasks' checkpoints in the ledger (`worker.build_progress`) and reports their rows to
+group0, and a batch of the same tasks started again resumes at the checkpoint. Each chunk is a snapshot of its own:
+a base row written after the batch began is in a later chunk's snapshot or sends its own view update, as for one
+snapshot. A repair batch reads its whole range at once (its deletions need the whole snapshot)."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,13 +40,16 @@ from coordinator.core.schema import Replica, Table, Task
 from coordinator.core.tokens import tablet_range
 from replica.rows import storage_spec
 from storage.arrow_layouts import value_column_name
+from storage import bulk
 from storage.cells import Row
+from storage.ledger import Checkpoint
 from storage.store import NodeStore
 
+from worker.build_progress import after_chunk, checkpoint_of, resume_token
 from worker.executor import BatchCancelled, BatchControl
 from worker.spark_session import NodeSpark
 from worker.spark_views import compute_view_rows, staged_token_range
-from worker.tasks import StartBatch
+from worker.tasks import BatchRows, StartBatch
 from worker.view_repair import BaseRow, repair_floors, stale_deletes, stale_view_rows, view_keys_of
 
 log = logging.getLogger(__name__)
@@ -46,6 +57,24 @@ log = logging.getLogger(__name__)
 MergeViewRows = Callable[[Replica, Table, int, pa.Table], object]  # (view replica, view, schema version, rows)
 ReadViewRows = Callable[[Replica, Table, int, int, int], pa.Table]  # (view replica, view, version, first, last token)
 DeleteViewRows = Callable[[Replica, Table, int, list[Row]], object]  # (view replica, view, schema version, deletions)
+
+
+class Checkpoints(Protocol):
+    """Where running tasks resume (`storage.ledger.FinishedTaskLedger`)."""
+
+    def progress(self, task_ids: Iterable[str]) -> dict[str, Checkpoint]: ...
+
+    def record_progress(self, progress: Mapping[str, Checkpoint]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How batches go chunk by chunk: the checkpoints, the cluster's chunk size (read before each chunk), and where
+    the rows each task has scanned so far are reported (group0's `RecordTaskProgress`; a failed report is logged)."""
+
+    checkpoints: Checkpoints
+    chunk_rows: Callable[[], int]
+    report: Callable[[Mapping[str, int]], object] = lambda rows: None
 
 
 @dataclass(frozen=True)
@@ -155,7 +184,8 @@ class BuildJob:
     def __init__(self, node_id: str, store: NodeStore, spark: NodeSpark, read_state: Callable,
                  wait_writes_before: Callable[[int], None], merge_view_rows: MergeViewRows, injections: Injections,
                  track_write: Callable[[], AbstractContextManager] = nullcontext,
-                 read_view_rows: ReadViewRows | None = None, delete_view_rows: DeleteViewRows | None = None):
+                 read_view_rows: ReadViewRows | None = None, delete_view_rows: DeleteViewRows | None = None,
+                 chunking: Chunking | None = None):
         self._node_id = node_id
         self._store = store
         self._spark = spark
@@ -168,9 +198,10 @@ class BuildJob:
         # the merges of a batch's view rows count as a write routed under the version they read their destinations
         # at: a tablet migration's barrier waits for them (replica.write_path does the same for base writes)
         self._track_write = track_write
+        self._chunking = chunking
         self.stats = BuildStats()
 
-    def __call__(self, start: StartBatch, control: BatchControl) -> int:
+    def __call__(self, start: StartBatch, control: BatchControl) -> int | BatchRows:
         self._injections.hit("worker_pause_build_range")
         self._injections.hit("worker_fail_build_range")
         if control.cancelled.is_set():
@@ -178,18 +209,63 @@ class BuildJob:
         plan = self._read_state(lambda s: build_plan(s, control.live_tasks(), self._node_id))
         self._wait_writes_before(plan.schema_version)
         repair = self._prepare_repair(plan, control)
+        self.stats.add(tablet_scans=1)
+        if repair is not None or self._chunking is None:
+            rows = self._build_range(start, plan, control, plan.first_token, plan.last_token, repair)
+        else:
+            rows = self._build_chunks(start, plan, control, self._chunking)
+        self._injections.hit("worker_pause_before_finish")
+        return rows
+
+    def _build_chunks(self, start: StartBatch, plan: BuildPlan, control: BatchControl,
+                      chunking: Chunking) -> BatchRows:
+        """The batch chunk by chunk from where its tasks' checkpoints say (see the module's docstring)."""
+        task_ids = [t.id for t in control.live_tasks()]
+        checkpoints = chunking.checkpoints.progress(task_ids)
+        first = resume_token(plan.first_token, checkpoints, task_ids)
+        if first > plan.first_token:
+            log.info("batch %d: %s tablet %d resumes at token %d (its checkpoint)", start.batch_id,
+                     plan.base.qualified_name, plan.tablet_id, first)
+        scanned = 0
+        while True:
+            if control.cancelled.is_set():
+                raise BatchCancelled()
+            last = bulk.chunk_end(self._store, storage_spec(plan.base), first, plan.last_token, chunking.chunk_rows())
+            rows = self._build_range(start, plan, control, first, last, None)
+            scanned += rows
+            live = [t.id for t in control.live_tasks()]
+            checkpoints = after_chunk(checkpoints, live, plan.first_token, last, rows)
+            if last < plan.last_token:
+                chunking.checkpoints.record_progress({t: checkpoints[t] for t in live})
+            self._report(chunking, {t: checkpoints[t].rows_scanned for t in live})
+            self._injections.hit("worker_pause_after_chunk")
+            if last == plan.last_token:
+                per_task = {t: checkpoint_of(checkpoints, t, plan.first_token).rows_scanned for t in task_ids}
+                return BatchRows(scanned, per_task)
+            first = last + 1
+
+    @staticmethod
+    def _report(chunking: Chunking, rows: Mapping[str, int]) -> None:
+        try:
+            chunking.report(rows)
+        except Exception as error:  # noqa: BLE001 - progress shown later; the checkpoint is what resumes
+            log.warning("reporting the progress of tasks %s failed: %s", ", ".join(rows), error)
+
+    def _build_range(self, start: StartBatch, plan: BuildPlan, control: BatchControl, first: int, last: int,
+                     repair: Repair | None) -> int:
+        """Read the replica's rows of tokens first..last, compute and deliver their view rows (and a repair's
+        deletions); the rows read."""
         started = time.perf_counter()
-        with staged_token_range(self._spark, self._store, storage_spec(plan.base), plan.first_token,
-                                plan.last_token) as (rows, frame):
+        with staged_token_range(self._spark, self._store, storage_spec(plan.base), first, last) as (rows, frame):
             read = time.perf_counter() - started
-            self.stats.add(tablet_scans=1, rows_scanned=rows, read_seconds=read)
+            self.stats.add(rows_scanned=rows, read_seconds=read)
             if rows or repair is not None:
                 spark, merge = self._build(plan, frame if rows else None, control, repair)
                 self.stats.add(spark_seconds=spark, merge_seconds=merge)
-                log.info("batch %d: %s tablet %d, %d rows for %d view(s): read %.2fs, spark %.2fs, merge %.2fs",
-                         start.batch_id, plan.base.qualified_name, start.tasks[0].tablet_id, rows,
-                         len(plan.views), read, spark, merge)
-        self._injections.hit("worker_pause_before_finish")
+                whole = (first, last) == (plan.first_token, plan.last_token)
+                log.info("batch %d: %s tablet %d%s, %d rows for %d view(s): read %.2fs, spark job %.2fs, merge %.2fs",
+                         start.batch_id, plan.base.qualified_name, plan.tablet_id,
+                         "" if whole else f" chunk {first}..{last}", rows, len(plan.views), read, spark, merge)
         return rows
 
     def _build(self, plan: BuildPlan, frame: Callable[[], DataFrame] | None, control: BatchControl,

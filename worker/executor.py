@@ -13,6 +13,7 @@ from coordinator.core.schema import Task
 
 from worker.tasks import (
     Answer,
+    BatchRows,
     CancelBatch,
     Instruction,
     PruneLedger,
@@ -68,7 +69,7 @@ class BatchFailure:
     attempts: int
 
 
-RunBatch = Callable[[StartBatch, BatchControl], int]
+RunBatch = Callable[[StartBatch, BatchControl], int | BatchRows]  # the rows scanned
 
 
 class WorkerExecutor:
@@ -205,10 +206,11 @@ class WorkerExecutor:
         except Exception as error:  # noqa: BLE001 - a failed batch, retried by the coordinator
             self._failed(start, error)
             return
+        scanned, per_task = (rows.scanned, rows.per_task) if isinstance(rows, BatchRows) else (rows, rows)
         with self._lock:
             self._controls.pop(start.batch_id, None)
-            self.counters.rows_scanned += rows
-            instructions = self._book.batch_succeeded(start.batch_id, tasks, rows_scanned=rows)
+            self.counters.rows_scanned += scanned
+            instructions = self._book.batch_succeeded(start.batch_id, tasks, rows_scanned=per_task)
             try:
                 self._carry_out(instructions)  # the ledger first, then the answers
             except Exception as error:  # noqa: BLE001 - e.g. the ledger could not be written

@@ -54,6 +54,15 @@ class StartBatch:
 
 
 @dataclass(frozen=True)
+class BatchRows:
+    """What a batch's job scanned: `scanned` base rows in this run, and per task the rows of its whole batch (a
+    resumed batch's checkpointed chunks included)."""
+
+    scanned: int
+    per_task: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class TasksLeftBatch:
     batch_id: int
     task_ids: tuple[str, ...]
@@ -173,14 +182,17 @@ class WorkerTasks:
             instructions += [self._answer(c, ids) for c, ids in batch.callers.items()]
         return instructions
 
-    def batch_succeeded(self, batch_id: int, tasks: Mapping[str, Task], rows_scanned: int = 0) -> list[Instruction]:
-        """A batch's view rows are durably applied: record its tasks still live in group0, answer its callers."""
+    def batch_succeeded(self, batch_id: int, tasks: Mapping[str, Task],
+                        rows_scanned: int | Mapping[str, int] = 0) -> list[Instruction]:
+        """A batch's view rows are durably applied: record its tasks still live in group0 with the rows their batch
+        scanned (one count for all, or per task id), answer its callers."""
         batch = self._batches.pop(batch_id, None)
         if batch is None:
             return []
         done = tuple(i for i in batch.tasks if i in tasks and not tasks[i].aborted)
-        self._finished.update(dict.fromkeys(done, rows_scanned))
-        recorded: list[Instruction] = [RecordFinished(done, (rows_scanned,) * len(done))] if done else []
+        rows = tuple(rows_scanned.get(i, 0) if isinstance(rows_scanned, Mapping) else rows_scanned for i in done)
+        self._finished.update(zip(done, rows))
+        recorded: list[Instruction] = [RecordFinished(done, rows)] if done else []
         return recorded + [self._answer(c, ids) for c, ids in batch.callers.items()]
 
     def batch_failed(self, batch_id: int, error: str) -> list[Instruction]:

@@ -304,6 +304,24 @@ class SetBalancer(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SetBuildSettings(Command):
+    """Change the cluster's view building settings (`vbc build config`): the rows a batch reads per chunk."""
+
+    op: ClassVar[str] = "set_build_settings"
+    chunk_rows: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordTaskProgress(Command):
+    """The base rows the running batch of each task has scanned so far (parallel tuples), reported by its worker
+    chunk by chunk; a count never lowers what a task reported before."""
+
+    op: ClassVar[str] = "record_task_progress"
+    task_ids: tuple[str, ...]
+    rows_scanned: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class CreateRole(Command):
     """A role; `password_hash` is the salted slow hash the proposer made ("": no password login)."""
 
@@ -362,7 +380,8 @@ COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspa
                                        CreateIndex, DropView, DropTable, DropKeyspace, Noop,
                                        FinishViewBuildingTasks, SetProcessingBase, StartTabletMigration,
                                        AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets,
-                                       DecommissionNode, RemoveNode, SetBalancer, CreateRole, AlterRole,
+                                       DecommissionNode, RemoveNode, SetBalancer, SetBuildSettings, RecordTaskProgress,
+                                       CreateRole, AlterRole,
                                        DropRole, GrantPermissions, RevokePermissions)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}
 

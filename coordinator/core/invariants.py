@@ -10,13 +10,14 @@ Each check raises AssertionError naming what contradicts what. They are the rule
 - tasks: of an existing base tablet and one of its views, on a current replica of the tablet; aborted exactly when
   that replica is being moved away; none on a replica an RF decrease removes; a node holding a task of a view has
   the view's build STARTED there, so a view with tasks left is not BUILT;
-- the processing base and the merge requests name existing base tables.
+- the processing base and the merge requests name existing base tables;
+- progress: a view's rows_done covers what its running tasks reported (`task_rows`), and the chunk size is in range.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import migrations
+from . import build_settings, migrations
 from .schema import BUILD_STARTED
 
 if TYPE_CHECKING:
@@ -36,6 +37,21 @@ def validate(state: Group0State) -> None:
     check_transitions(state)
     check_tasks(state)
     check_building(state)
+    check_progress(state)
+
+
+def check_progress(state: Group0State) -> None:
+    reported: dict[str, int] = {}
+    for task_id, rows in state.task_rows.items():
+        assert rows >= 0, f"task {task_id} reported {rows} rows"
+        task = state.tasks.get(task_id)
+        if task is not None:
+            reported[task.view_id] = reported.get(task.view_id, 0) + rows
+    for view_id, rows in reported.items():
+        assert state.rows_done.get(view_id, 0) >= rows, \
+            f"view {view_id} shows {state.rows_done.get(view_id, 0)} rows done, below its running tasks' {rows}"
+    chunk_rows = state.build_settings.chunk_rows
+    assert build_settings.MIN_CHUNK_ROWS <= chunk_rows <= build_settings.MAX_CHUNK_ROWS, f"chunk rows {chunk_rows}"
 
 
 def check_tablet_maps(state: Group0State) -> None:

@@ -18,7 +18,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from . import auth, balancer, ddl, invariants, migrations, resize, tablets, view_building
+from . import auth, balancer, build_settings, ddl, invariants, migrations, resize, tablets, view_building
 from .commands import (
     AlterKeyspace,
     AlterRole,
@@ -44,6 +44,8 @@ from .commands import (
     RequestTabletMerge,
     RevokePermissions,
     SetBalancer,
+    SetBuildSettings,
+    RecordTaskProgress,
     SetProcessingBase,
     SplitTablets,
     StartTabletMigration,
@@ -80,7 +82,10 @@ class Group0State:
         self.build_status: dict[tuple[str, str], str] = {}
         self.tasks_created: dict[str, int] = {}
         self.processing_base: str | None = None
-        self.rows_done: dict[str, int] = {}  # view id -> base rows scanned by its finished tasks
+        self.rows_done: dict[str, int] = {}  # view id -> base rows scanned by its tasks' batches (never lowered)
+        self.task_rows: dict[str, int] = {}  # running task id -> the base rows its batch reported scanned so far
+        # owned by build_settings.py
+        self.build_settings = build_settings.BuildSettings()
         # the newest Raft term of a view building loop command applied: a fence, not schema data (so private,
         # and out of the journal-replay comparisons); 0 until a loop proposed anything
         self._view_building_term = 0
@@ -210,6 +215,8 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     DecommissionNode: tablets.decommission_node,
     RemoveNode: _remove_node,
     SetBalancer: balancer.set_balancer,
+    SetBuildSettings: build_settings.set_build_settings,
+    RecordTaskProgress: view_building.record_task_progress,
     CreateRole: auth.create_role,
     AlterRole: auth.alter_role,
     DropRole: auth.drop_role,

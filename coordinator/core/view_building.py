@@ -1,8 +1,11 @@
 """View building: one build task per base tablet replica of a new view, and each node's build status per view.
 
-Owns the `tasks`, `build_status`, `tasks_created`, `rows_done`, `processing_base` and `_view_building_term` fields of
-Group0State. The leader's loop changes them only through commands carrying its Raft term
-(`FinishViewBuildingTasks`, `SetProcessingBase`); one from a term older than the newest seen is refused.
+Owns the `tasks`, `build_status`, `tasks_created`, `rows_done`, `task_rows`, `processing_base` and
+`_view_building_term` fields of Group0State. The leader's loop changes them only through commands carrying its Raft
+term (`FinishViewBuildingTasks`, `SetProcessingBase`); one from a term older than the newest seen is refused. A
+worker reports the rows its running batches scanned, chunk by chunk (`RecordTaskProgress`): a view's `rows_done`
+moves with them and never goes down (the rows of a batch that a move aborted stay counted; its successor's count
+again).
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .commands import FinishViewBuildingTasks, SetProcessingBase
+from .commands import FinishViewBuildingTasks, RecordTaskProgress, SetProcessingBase
 from .errors import InvalidArgument, NotFound, StaleTerm
 from .ids import derived_id
 from .schema import BUILD_STARTED, BUILD_SUCCESS, TASK_BUILD_RANGE, Replica, Table, Task
@@ -276,13 +279,42 @@ def finish_tasks(state: Group0State, cmd: FinishViewBuildingTasks) -> int:
     for task_id, scanned in zip(cmd.task_ids, rows):
         task = state.tasks.get(task_id)
         if task is not None and not task.aborted:
+            _count_rows(state, task, scanned)
             del state.tasks[task_id]
-            state.rows_done[task.view_id] = state.rows_done.get(task.view_id, 0) + max(scanned, 0)
             removed += 1
     for key in unsettled_statuses(state):
         state.build_status[key] = BUILD_SUCCESS
+    _forget_rows_of_gone_tasks(state)
     _record_loop_term(state, cmd.term)
     return removed
+
+
+def record_task_progress(state: Group0State, cmd: RecordTaskProgress) -> int:
+    """Raise each running task's reported rows (never lowered) and its view's rows_done with them; the tasks
+    counted (absent and aborted ones are ignored)."""
+    if len(cmd.rows_scanned) != len(cmd.task_ids):
+        raise InvalidArgument(f"rows_scanned has {len(cmd.rows_scanned)} counts for {len(cmd.task_ids)} task ids")
+    counted = 0
+    for task_id, scanned in zip(cmd.task_ids, cmd.rows_scanned):
+        task = state.tasks.get(task_id)
+        if task is not None and not task.aborted:
+            _count_rows(state, task, scanned)
+            state.task_rows[task_id] = max(state.task_rows.get(task_id, 0), scanned)
+            counted += 1
+    _forget_rows_of_gone_tasks(state)
+    return counted
+
+
+def _count_rows(state: Group0State, task: Task, scanned: int) -> None:
+    """Add to the view's rows_done what `scanned` adds to the rows the task reported before."""
+    more = scanned - state.task_rows.get(task.id, 0)
+    if more > 0:
+        state.rows_done[task.view_id] = state.rows_done.get(task.view_id, 0) + more
+
+
+def _forget_rows_of_gone_tasks(state: Group0State) -> None:
+    for task_id in [t for t in state.task_rows if t not in state.tasks]:
+        del state.task_rows[task_id]
 
 
 def set_processing_base(state: Group0State, cmd: SetProcessingBase) -> str | None:
