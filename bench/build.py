@@ -49,7 +49,8 @@ import pyarrow.parquet as pq  # noqa: E402
 from bench.bulk import BASE, TS, sqlite_set_based_build, view_spec  # noqa: E402
 from coordinator.core.tokens import token_of  # noqa: E402
 from storage.cells import TableSpec  # noqa: E402
-from storage.store import NodeStore, physical_table_name  # noqa: E402
+from storage.store import NodeStore  # noqa: E402
+from storage.upsert import physical_table_name  # noqa: E402
 from vbc import client  # noqa: E402
 from vbc import cluster as cluster_mod  # noqa: E402
 from worker.spark_class_cache import cache_directory  # noqa: E402

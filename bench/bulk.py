@@ -31,7 +31,8 @@ from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN, token_of  # noqa: E402
 from storage import bulk  # noqa: E402
 from storage.arrow_layouts import storage_schema, view_rows_schema  # noqa: E402
 from storage.cells import ColumnSpec, TableSpec  # noqa: E402
-from storage.store import NodeStore, physical_table_name  # noqa: E402
+from storage.store import NodeStore  # noqa: E402
+from storage.upsert import physical_table_name  # noqa: E402
 
 BASE = TableSpec(uuid.uuid4().hex, (ColumnSpec("key", "int"),), (ColumnSpec("c", "int"),), (ColumnSpec("v", "text"),))
 TS = 1_700_000_000_000_000

@@ -40,8 +40,8 @@ from bench.bulk import BASE  # noqa: E402
 from bench.quiet import wait_until_idle  # noqa: E402
 from node.security import channel_credentials, load_node_material  # noqa: E402
 from storage.cells import TableSpec  # noqa: E402
-from storage.store import NodeStore, physical_table_name  # noqa: E402
-from storage.upsert import last_write_wins_sql  # noqa: E402
+from storage.store import NodeStore  # noqa: E402
+from storage.upsert import last_write_wins_sql, physical_table_name  # noqa: E402
 from vbc import client  # noqa: E402
 from vbc import cluster as cluster_mod  # noqa: E402
 from vbcpb import vbc_pb2 as pb  # noqa: E402

@@ -12,7 +12,8 @@ import pyarrow as pa
 from common.metrics import NodeMetrics
 from common.replica_messages import RowBatch
 from coordinator.core.errors import CoreError
-from storage.store import NodeStore, OutboxEntry
+from storage.store import NodeStore
+from storage.store_types import OutboxEntry
 
 from replica.outbox_payload import decode_payload
 from replica.transport import describe

@@ -12,7 +12,8 @@ from coordinator.core.errors import InvalidArgument, NotFound
 from coordinator.core.schema import Table
 from storage.cells import Row
 from storage.reads import RangeRead, aggregate, live_pages
-from storage.store import ApplyResult, Derive, DeriveStates, NodeStore
+from storage.store import NodeStore
+from storage.store_types import ApplyResult, Derive, DeriveStates
 
 from replica.rows import storage_spec
 

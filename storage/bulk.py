@@ -83,7 +83,8 @@ from .arrow_layouts import (
     view_rows_schema,
 )
 from .cells import TableSpec
-from .store import PG_WRITER_LOCK_ID, SQLITE_CHECKPOINT_PAGES, NodeStore
+from .engine import PG_WRITER_LOCK_ID, SQLITE_CHECKPOINT_PAGES
+from .store import NodeStore
 from .upsert import last_write_wins_sql, physical_table_name, quote
 
 DEFAULT_BATCH_ROWS = 65_536

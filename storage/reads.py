@@ -27,7 +27,8 @@ from coordinator.core.views import COMPARISONS
 
 from .arrow_layouts import arrow_type, ts_column_name, value_column_name
 from .cells import TableSpec
-from .store import NodeStore, deleted
+from .physical import deleted
+from .store import NodeStore
 
 _SQLITE = sqlite.dialect()
 AGGREGATE_FUNCTIONS = ("count", "min", "max", "sum", "avg")
@@ -234,7 +235,8 @@ def _sqlite_text(statement: sa.Select) -> tuple[str, tuple[str, ...], dict[str, 
 
 
 def _sqlite_bindable(value: object) -> object:
-    """A value as the store binds it on SQLite (a NaN double is stored as the text 'NaN': `storage.store.Float64`)."""
+    """A value as the store binds it on SQLite (a NaN double is stored as the text 'NaN':
+    `storage.store_types.Float64`)."""
     return "NaN" if isinstance(value, float) and math.isnan(value) else value
 
 

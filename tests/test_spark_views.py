@@ -25,7 +25,8 @@ from replica.view_updates import WriteContext, view_updates
 from storage import bulk
 from storage.arrow_layouts import storage_schema, view_rows_schema
 from storage.cells import Cell, Row, visible_values
-from storage.store import NodeStore, PhysicalTable
+from storage.physical import PhysicalTable
+from storage.store import NodeStore
 from worker import spark_views as sv
 from worker.spark_session import NodeSpark, SparkConfig, _forward_jvm_output, jvm_log, spark_conf
 

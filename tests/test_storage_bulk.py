@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage import bulk
-from storage.arrow_layouts import mutation_table, storage_schema, view_rows_schema
+from storage.arrow_layouts import (mutation_table, storage_schema, ts_column_name, value_column_name,
+                                    view_rows_schema)
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, same_key, state_equal
-from storage.store import NodeStore, ts_column_name, value_column_name
+from storage.store import NodeStore
 
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from coordinator.core.tokens import token_of as system_token_of
 from storage.cells import Cell, ColumnSpec, Row, TableSpec, is_live, merge, state_equal, visible_values, write_ts
-from storage.store import NodeStore, StoreClosed
+from storage.store import NodeStore
+from storage.store_types import StoreClosed
 
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
@@ -617,7 +618,7 @@ def test_a_checkpoint_waits_for_min_writes_write_transactions_since_the_last(sto
 
 
 def test_a_relative_sqlite_path_is_made_absolute_so_it_does_not_follow_the_working_directory(tmp_path, monkeypatch):
-    from storage.store import absolute_url
+    from storage.engine import absolute_url
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "rel").mkdir()

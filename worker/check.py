@@ -18,7 +18,7 @@ import pyarrow as pa
 from coordinator.core.errors import InvalidArgument
 from coordinator.core.schema import Replica, Table
 from coordinator.core.tokens import tablet_range
-from storage.store import value_column_name
+from storage.arrow_layouts import value_column_name
 
 from worker.spark_session import NodeSpark
 from worker.spark_views import MERGE, quote, staged_frame, tablet_sql, view_rows

@@ -56,9 +56,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from coordinator.core.schema import Filter, Table
 from coordinator.core.tokens import MIN_TOKEN, is_power_of_two, spark_token_sql
 from storage import bulk
-from storage.arrow_layouts import storage_schema
+from storage.arrow_layouts import storage_schema, ts_column_name, value_column_name
 from storage.cells import TableSpec
-from storage.store import NodeStore, ts_column_name, value_column_name
+from storage.store import NodeStore
 
 if TYPE_CHECKING:
     from worker.spark_session import NodeSpark
