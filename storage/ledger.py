@@ -34,7 +34,7 @@ CHUNK = 500  # ids per statement (SQLite allows 32766 bound parameters; keep sta
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class TaskCheckpoint:
     """Where a running task's batch goes on: the first token not done yet, and the base rows scanned before it."""
 
     next_token: int
@@ -131,7 +131,7 @@ class FinishedTaskLedger:
             rows = conn.execute(sa.select(self._table.c.task_id, self._table.c.rows_scanned))
             return {task_id: count for task_id, count in rows}
 
-    def record_progress(self, progress: Mapping[str, Checkpoint]) -> None:
+    def record_progress(self, progress: Mapping[str, TaskCheckpoint]) -> None:
         """Set the checkpoints of running tasks (task id -> where it goes on, rows before); durable on return."""
         ids = _checked(progress)
         if not ids:
@@ -145,15 +145,15 @@ class FinishedTaskLedger:
         with self._write_lock, self._engine.begin() as conn:
             conn.execute(statement, rows)
 
-    def progress(self, task_ids: Iterable[str]) -> dict[str, Checkpoint]:
+    def progress(self, task_ids: Iterable[str]) -> dict[str, TaskCheckpoint]:
         """The checkpoints recorded for the given ids (ids without one are absent)."""
-        found: dict[str, Checkpoint] = {}
+        found: dict[str, TaskCheckpoint] = {}
         table = self._progress
         with self._engine.connect() as conn:
             for chunk in _chunks(_checked(task_ids)):
                 query = sa.select(table.c.task_id, table.c.next_token, table.c.rows_scanned).where(
                     table.c.task_id.in_(chunk))
-                found.update({task_id: Checkpoint(token, rows) for task_id, token, rows in conn.execute(query)})
+                found.update({task_id: TaskCheckpoint(token, rows) for task_id, token, rows in conn.execute(query)})
         return found
 
     def prune(self, keep: Iterable[str]) -> int:

@@ -8,7 +8,7 @@ from coordinator.core import view_building
 from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN, tablet_of, tablet_range
 from replica.rows import storage_spec, upsert_row
 from storage import bulk
-from storage.ledger import Checkpoint, FinishedTaskLedger
+from storage.ledger import TaskCheckpoint, FinishedTaskLedger
 from storage.store import NodeStore
 from worker.build_job import BuildJob, Chunking
 from worker.executor import BatchControl
@@ -164,7 +164,7 @@ def test_a_chunked_batch_builds_the_same_view_one_spark_job_per_chunk_and_resume
     tablet_rows = stores["n1"].count(schema.table_id, *tablet_range(task.tablet_id, 4))
     first, last = tablet_range(task.tablet_id, 4)
     middle = first + (last - first) // 2
-    ledgers["n1"].record_progress({task.id: Checkpoint(middle, 1234)})  # a worker stopped half way
+    ledgers["n1"].record_progress({task.id: TaskCheckpoint(middle, 1234)})  # a worker stopped half way
     done = jobs["n1"](StartBatch(1, task.replica.shard, 1, (task,)), BatchControl({task.id: task}))
     rest = stores["n1"].count(schema.table_id, middle, last)
     assert done.scanned == rest < tablet_rows and done.per_task == {task.id: 1234 + rest}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.ledger import FILE_NAME, Checkpoint, FinishedTaskLedger
+from storage.ledger import FILE_NAME, TaskCheckpoint, FinishedTaskLedger
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,14 +142,14 @@ def test_an_id_recorded_right_before_a_crash_survives(tmp_path):
 
 def test_a_running_task_keeps_its_checkpoint_until_it_finishes_or_goes(tmp_path):
     with FinishedTaskLedger(tmp_path / "l.db") as ledger:
-        ledger.record_progress({"a": Checkpoint(100, 1000), "b": Checkpoint(50, 10)})
-        ledger.record_progress({"a": Checkpoint(200, 2000)})
+        ledger.record_progress({"a": TaskCheckpoint(100, 1000), "b": TaskCheckpoint(50, 10)})
+        ledger.record_progress({"a": TaskCheckpoint(200, 2000)})
     with FinishedTaskLedger(tmp_path / "l.db") as ledger:  # durable
-        assert ledger.progress(["a", "b", "c"]) == {"a": Checkpoint(200, 2000), "b": Checkpoint(50, 10)}
+        assert ledger.progress(["a", "b", "c"]) == {"a": TaskCheckpoint(200, 2000), "b": TaskCheckpoint(50, 10)}
         ledger.record(["a"], [2500])
-        assert ledger.progress(["a", "b"]) == {"b": Checkpoint(50, 10)}
+        assert ledger.progress(["a", "b"]) == {"b": TaskCheckpoint(50, 10)}
         ledger.prune(keep=["a"])
         assert ledger.progress(["b"]) == {}
-        ledger.record_progress({"c": Checkpoint(7, 7)})
+        ledger.record_progress({"c": TaskCheckpoint(7, 7)})
         ledger.forget(["c"])
         assert ledger.progress(["c"]) == {}

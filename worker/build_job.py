@@ -42,7 +42,7 @@ from replica.rows import storage_spec
 from storage.arrow_layouts import value_column_name
 from storage import bulk
 from storage.cells import Row
-from storage.ledger import Checkpoint
+from storage.ledger import TaskCheckpoint
 from storage.store import NodeStore
 
 from worker.build_progress import after_chunk, checkpoint_of, resume_token
@@ -62,9 +62,9 @@ DeleteViewRows = Callable[[Replica, Table, int, list[Row]], object]  # (view rep
 class Checkpoints(Protocol):
     """Where running tasks resume (`storage.ledger.FinishedTaskLedger`)."""
 
-    def progress(self, task_ids: Iterable[str]) -> dict[str, Checkpoint]: ...
+    def progress(self, task_ids: Iterable[str]) -> dict[str, TaskCheckpoint]: ...
 
-    def record_progress(self, progress: Mapping[str, Checkpoint]) -> None: ...
+    def record_progress(self, progress: Mapping[str, TaskCheckpoint]) -> None: ...
 
 
 @dataclass(frozen=True)

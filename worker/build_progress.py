@@ -10,25 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from storage.ledger import Checkpoint
+from storage.ledger import TaskCheckpoint
 
 
-def resume_token(first_token: int, checkpoints: Mapping[str, Checkpoint], task_ids: Iterable[str]) -> int:
+def resume_token(first_token: int, checkpoints: Mapping[str, TaskCheckpoint], task_ids: Iterable[str]) -> int:
     """The first token the batch of `task_ids` reads (never before the tablet's `first_token`)."""
     return max(first_token, min(checkpoint_of(checkpoints, task, first_token).next_token for task in task_ids))
 
 
-def checkpoint_of(checkpoints: Mapping[str, Checkpoint], task_id: str, first_token: int) -> Checkpoint:
-    return checkpoints.get(task_id) or Checkpoint(first_token, 0)
+def checkpoint_of(checkpoints: Mapping[str, TaskCheckpoint], task_id: str, first_token: int) -> TaskCheckpoint:
+    return checkpoints.get(task_id) or TaskCheckpoint(first_token, 0)
 
 
-def after_chunk(checkpoints: Mapping[str, Checkpoint], task_ids: Iterable[str], first_token: int, chunk_last: int,
-                rows: int) -> dict[str, Checkpoint]:
+def after_chunk(checkpoints: Mapping[str, TaskCheckpoint], task_ids: Iterable[str], first_token: int, chunk_last: int,
+                rows: int) -> dict[str, TaskCheckpoint]:
     """The tasks' checkpoints once the chunk ending at `chunk_last`, of `rows` rows, is delivered (a task already
     past it keeps its own)."""
     moved = {}
     for task in task_ids:
         before = checkpoint_of(checkpoints, task, first_token)
-        moved[task] = before if chunk_last < before.next_token else Checkpoint(chunk_last + 1,
+        moved[task] = before if chunk_last < before.next_token else TaskCheckpoint(chunk_last + 1,
                                                                                 before.rows_scanned + rows)
     return moved
