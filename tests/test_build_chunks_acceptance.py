@@ -1,0 +1,89 @@
+"""Chunked view building against a real node: a tablet larger than a chunk builds one Spark job per chunk, and a
+worker killed half way through a tablet resumes at its checkpoint.
+
+One node, one tablet of 50,000 rows `(i // 10, i % 10, str(i))`, chunks of 1,000 rows (`vbc build config`).
+"""
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+from vbc import client
+
+from .cluster_harness import LocalCluster, wait_until
+
+pytestmark = pytest.mark.integration
+
+ROWS = 50_000
+CHUNK_ROWS = 1_000
+BUILD_TIMEOUT = 300.0
+VIEW = "CREATE MATERIALIZED VIEW {ks}.mv AS SELECT * FROM {ks}.tab WHERE c IS NOT NULL AND key IS NOT NULL " \
+       "AND v IS NOT NULL PRIMARY KEY (c, key)"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(1, tmp_path_factory.mktemp("chunks")) as started:
+        assert client.build_config(started.addresses(), chunk_rows=CHUNK_ROWS) == {"chunk_rows": CHUNK_ROWS}
+        yield started
+
+
+def make_base(cluster: LocalCluster, ks: str, tmp_path) -> None:
+    from vbc import cli
+    client.execute(cluster.addresses(), f"CREATE KEYSPACE {ks} WITH replication = {{'rf': 1}} "
+                                        "AND tablets = {'initial': 1}")
+    client.execute(cluster.addresses(), f"CREATE TABLE {ks}.tab (key int, c int, v text, PRIMARY KEY (key, c))")
+    ids = range(ROWS)
+    path = tmp_path / f"{ks}.csv"
+    pacsv.write_csv(pa.table({"key": [i // 10 for i in ids], "c": [i % 10 for i in ids], "v": [str(i) for i in ids]}),
+                    path)
+    assert cli.main(["load", "--addr", cluster.addresses()[0], f"{ks}.tab", str(path), "--quiet"]) == 0
+
+
+def worker(cluster: LocalCluster) -> dict:
+    return client.status(cluster.addresses())["nodes"][0]["worker"]
+
+
+def assert_view_exact(cluster: LocalCluster, ks: str) -> None:
+    client.wait_built(cluster.addresses(), f"{ks}.mv", BUILD_TIMEOUT)
+    assert cluster.query(f"SELECT COUNT(*) FROM {ks}.mv") == [{"count": ROWS}]
+    check = client.check(cluster.addresses(), f"{ks}.mv")
+    assert check["consistent"] and check["view_rows"] == ROWS, check
+
+
+def chunk_jobs(cluster: LocalCluster, ks: str) -> int:
+    return len(re.findall(rf"{ks}\.tab tablet 0 chunk -?\d+\.\.-?\d+, \d+ rows for 1 view\(s\): .*spark job",
+                          cluster.log("n1")))
+
+
+def test_a_tablet_larger_than_a_chunk_builds_one_spark_job_per_chunk(cluster, tmp_path):
+    make_base(cluster, "one", tmp_path)
+    jobs_before = worker(cluster)["spark_jobs"]
+    client.execute(cluster.addresses(), VIEW.format(ks="one"))
+    assert_view_exact(cluster, "one")
+    chunks = chunk_jobs(cluster, "one")
+    assert ROWS // CHUNK_ROWS <= chunks <= ROWS // CHUNK_ROWS + 2, chunks
+    assert worker(cluster)["spark_jobs"] - jobs_before == chunks
+    assert client.view_status(cluster.addresses(), "one.mv")["rows_done"] == ROWS
+
+
+def test_a_worker_killed_half_way_resumes_at_its_checkpoint(cluster, tmp_path):
+    make_base(cluster, "two", tmp_path)
+    scanned_before = worker(cluster)["rows_scanned"]
+    client.execute(cluster.addresses(), VIEW.format(ks="two"))
+    wait_until(lambda: client.view_status(cluster.addresses(), "two.mv")["rows_done"] >= ROWS // 2, BUILD_TIMEOUT,
+               "half of the tablet built")
+    client.inject(cluster.addr("n1"), "worker_pause_after_chunk", "enable", mode="pause")
+    assert client.inject(cluster.addr("n1"), "worker_pause_after_chunk", "wait_hit", timeout=60)["hit"]
+    before_kill = worker(cluster)["rows_scanned"] - scanned_before  # steady while the batch waits after a chunk
+    done_before = client.view_status(cluster.addresses(), "two.mv")["rows_done"]
+    cluster.restart_node("n1", kill=True)
+    assert_view_exact(cluster, "two")
+    after_restart = worker(cluster)["rows_scanned"]  # counted since the node started again
+    assert after_restart <= ROWS - done_before + CHUNK_ROWS, (before_kill, done_before, after_restart)
+    assert before_kill + after_restart < 1.5 * ROWS
+    assert "two.tab tablet 0 resumes at token" in cluster.log("n1")
+    assert client.view_status(cluster.addresses(), "two.mv")["rows_done"] >= done_before
