@@ -16,6 +16,13 @@ import pytest
 
 from vbc import cli, client
 from vbc import cluster as cluster_mod
+from vbc.cli import node as node_commands
+from vbc.cli.arguments import json_params, parse_peers, storage_url
+from vbc.cli.cluster import given_root_password
+from vbc.cli.common import ADDR_ENV
+from vbc.cli.data import result_json_lines
+from vbc.cli.parser import build_parser
+from vbc.render import render_status
 from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
 
@@ -26,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def no_env_address(monkeypatch):
-    monkeypatch.delenv(cli.ADDR_ENV, raising=False)
+    monkeypatch.delenv(ADDR_ENV, raising=False)
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -44,9 +51,9 @@ def dead_address() -> str:
 
 
 def test_parse_peers_accepts_the_documented_syntax():
-    peers = cli.parse_peers("n2=127.0.0.1:9044/127.0.0.1:9045, n3=host-3:9046/host-3:9047")
+    peers = parse_peers("n2=127.0.0.1:9044/127.0.0.1:9045, n3=host-3:9046/host-3:9047")
     assert peers == {"n2": ("127.0.0.1:9044", "127.0.0.1:9045"), "n3": ("host-3:9046", "host-3:9047")}
-    assert cli.parse_peers("") == {}
+    assert parse_peers("") == {}
 
 
 @pytest.mark.parametrize("text, words", [
@@ -59,7 +66,7 @@ def test_parse_peers_accepts_the_documented_syntax():
 ])
 def test_parse_peers_rejects_bad_syntax_with_a_clear_message(text, words):
     with pytest.raises(argparse.ArgumentTypeError) as caught:
-        cli.parse_peers(text)
+        parse_peers(text)
     assert words in str(caught.value)
 
 
@@ -89,7 +96,7 @@ def test_node_start_enables_fault_injection_only_with_the_flag(capsys, monkeypat
     import node.wiring
 
     configs = []
-    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node_commands, "die_with_parent", lambda: None)
     monkeypatch.setattr(node.wiring, "serve", configs.append)
     argv = ["node", "start", "--id", "n1", "--data-dir", str(tmp_path), "--grpc", "127.0.0.1:9042",
             "--raft", "127.0.0.1:9043", "--insecure", *flag]
@@ -102,7 +109,7 @@ def test_node_start_takes_the_raft_secret_from_its_file_or_the_environment_and_h
     import node.wiring
 
     configs = []
-    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node_commands, "die_with_parent", lambda: None)
     monkeypatch.setattr(node.wiring, "serve", configs.append)
     monkeypatch.delenv("VBC_RAFT_PASSWORD", raising=False)
     argv = ["node", "start", "--id", "n1", "--data-dir", str(tmp_path), "--grpc", "127.0.0.1:9042",
@@ -121,7 +128,7 @@ def test_a_secure_node_without_its_certificate_does_not_start_and_says_what_to_d
     import node.wiring
 
     configs = []
-    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node_commands, "die_with_parent", lambda: None)
     monkeypatch.setattr(node.wiring, "serve", configs.append)
     code, _, err = run_cli(capsys, "node", "start", "--id", "n1", "--data-dir", str(tmp_path), "--grpc",
                            "127.0.0.1:9042", "--raft", "127.0.0.1:9043")
@@ -145,7 +152,7 @@ def test_node_start_prestarts_spark_unless_told_not_to(capsys, monkeypatch, tmp_
     import node.wiring
 
     configs = []
-    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node_commands, "die_with_parent", lambda: None)
     monkeypatch.setattr(node.wiring, "serve", configs.append)
     assert run_cli(capsys, *NODE_START[:4], "--data-dir", str(tmp_path), *NODE_START[6:], *flag)[0] == 0
     assert [config.spark_prestart for config in configs] == [prestart]
@@ -155,7 +162,7 @@ def test_node_start_resolves_its_paths_against_the_working_directory(capsys, mon
     import node.wiring
 
     configs = []
-    monkeypatch.setattr(cli, "die_with_parent", lambda: None)
+    monkeypatch.setattr(node_commands, "die_with_parent", lambda: None)
     monkeypatch.setattr(node.wiring, "serve", configs.append)
     monkeypatch.chdir(tmp_path)
     argv = [*NODE_START[:4], "--data-dir", "rel/node", *NODE_START[6:], "--storage-url", "sqlite:///db/n1.db"]
@@ -174,7 +181,7 @@ def test_node_start_resolves_its_paths_against_the_working_directory(capsys, mon
 ])
 def test_a_relative_sqlite_storage_url_becomes_absolute(monkeypatch, tmp_path, url, absolute):
     monkeypatch.chdir(tmp_path)
-    assert cli.storage_url(url) == absolute.replace("{cwd}", str(tmp_path.resolve()))
+    assert storage_url(url) == absolute.replace("{cwd}", str(tmp_path.resolve()))
 
 
 def test_node_start_needs_its_addresses(capsys):
@@ -223,7 +230,7 @@ def test_exec_against_nothing_fails_with_the_grpc_error(capsys):
 
 
 def test_vbc_addr_environment_variable_is_the_default_target(capsys, monkeypatch):
-    monkeypatch.setenv(cli.ADDR_ENV, dead_address())
+    monkeypatch.setenv(ADDR_ENV, dead_address())
     code, _, err = run_cli(capsys, "status")
     assert code == 1 and err.startswith("error: UNAVAILABLE: ")
 
@@ -231,7 +238,7 @@ def test_vbc_addr_environment_variable_is_the_default_target(capsys, monkeypatch
 @pytest.mark.integration
 def test_python_dash_m_vbc_runs_the_command_line():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop(cli.ADDR_ENV, None)
+    env.pop(ADDR_ENV, None)
     done = subprocess.run([sys.executable, "-m", "vbc", "exec", "--addr", dead_address(), "SELECT 1"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 1 and done.stderr.startswith("error: UNAVAILABLE: ")
@@ -271,11 +278,11 @@ def test_missing_or_broken_cluster_json_is_a_clear_error(tmp_path, capsys):
 
 
 def test_json_rendering_of_results():
-    lines = cli.result_json_lines(["id", "name", "score", "ok"], [[1, "a", 0.5, True], [2, None, None, False]], "")
+    lines = result_json_lines(["id", "name", "score", "ok"], [[1, "a", 0.5, True], [2, None, None, False]], "")
     assert [json.loads(line) for line in lines] == [{"id": 1, "name": "a", "score": 0.5, "ok": True},
                                                     {"id": 2, "name": None, "score": None, "ok": False}]
-    assert cli.result_json_lines([], [], "created table ks.t") == ['{"message": "created table ks.t"}']
-    assert cli.result_json_lines(["id"], [], "") == []
+    assert result_json_lines([], [], "created table ks.t") == ['{"message": "created table ks.t"}']
+    assert result_json_lines(["id"], [], "") == []
 
 
 def sample_status() -> pb.StatusResponse:
@@ -331,7 +338,7 @@ def test_status_rendering_names_nodes_and_views():
     from rich.console import Console
 
     console = Console(width=200, record=True, file=open(os.devnull, "w"))
-    console.print(cli.render_status(client.status_to_dict(sample_status())))
+    console.print(render_status(client.status_to_dict(sample_status())))
     text = console.export_text()
     assert "n1 (leader)" in text and "DOWN" in text and "ks.mv" in text and "25.0%" in text and "n2:SUCCESS" in text
     assert "1,500 rows, 500/s, ETA 9s" in text and "1 running, 3 tasks, 1,500 rows, 2 spark jobs" in text
@@ -345,7 +352,7 @@ def test_status_rendering_shows_a_failed_spark_start():
     status = sample_status()
     status.nodes[0].worker.spark_state, status.nodes[0].worker.spark_error = "failed", "ValueError: no java"
     console = Console(width=200, record=True, file=open(os.devnull, "w"))
-    console.print(cli.render_status(client.status_to_dict(status)))
+    console.print(render_status(client.status_to_dict(status)))
     assert "n1: spark failed: ValueError: no java" in console.export_text()
 
 
@@ -365,7 +372,7 @@ def test_status_shows_why_a_migration_rolls_back():
     assert [m["reason"] for m in document["migrations"]] == ["streaming to n3:0 failed: boom", None]
     json.dumps(document)
     console = Console(width=200, record=True, file=open(os.devnull, "w"))
-    console.print(cli.render_status(document))
+    console.print(render_status(document))
     lines = console.export_text().splitlines()
     assert any("reason" in line for line in lines)
     assert any("cleanup_target" in line and "streaming to n3:0 failed: boom" in line for line in lines)
@@ -434,7 +441,7 @@ def test_node_layout_and_command_follow_the_port_scheme(tmp_path):
         assert node["data_dir"] == str(tmp_path / node["id"])
     command = nodes[1]["command"]
     assert command[:5] == [sys.executable, "-m", "vbc", "node", "start"]
-    args = cli.build_parser().parse_args(command[3:])
+    args = build_parser().parse_args(command[3:])
     assert args.id == "n2" and args.shards == 2 and args.grpc == nodes[1]["grpc"]
     assert args.peers == {"n1": (nodes[0]["grpc"], nodes[0]["raft"]), "n3": (nodes[2]["grpc"], nodes[2]["raft"])}
     assert args.enable_injections  # a local cluster is for development and tests
@@ -442,21 +449,21 @@ def test_node_layout_and_command_follow_the_port_scheme(tmp_path):
 
 def test_a_local_cluster_without_injections_starts_its_nodes_without_the_flag(tmp_path):
     nodes = cluster_mod.new_cluster(tmp_path, 2, injections=False)["nodes"]
-    assert all(not cli.build_parser().parse_args(n["command"][3:]).enable_injections for n in nodes)
+    assert all(not build_parser().parse_args(n["command"][3:]).enable_injections for n in nodes)
     command = nodes[0]["command"]
     assert cluster_mod.with_injections(command, True) == [*command, "--enable-injections"]
     assert cluster_mod.with_injections(cluster_mod.with_injections(command, True), False) == command
-    assert cli.build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d"]).injections
-    assert not cli.build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d",
+    assert build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d"]).injections
+    assert not build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d",
                                               "--no-injections"]).injections
 
 
 def test_a_local_cluster_without_spark_prestart_records_the_flag_in_its_commands(tmp_path):
     nodes = cluster_mod.new_cluster(tmp_path, 2, spark_prestart=False)["nodes"]
-    assert all(not cli.build_parser().parse_args(n["command"][3:]).spark_prestart for n in nodes)
-    assert all(cli.build_parser().parse_args(n["command"][3:]).spark_prestart
+    assert all(not build_parser().parse_args(n["command"][3:]).spark_prestart for n in nodes)
+    assert all(build_parser().parse_args(n["command"][3:]).spark_prestart
                for n in cluster_mod.new_cluster(tmp_path, 2)["nodes"])
-    assert not cli.build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d",
+    assert not build_parser().parse_args(["cluster", "up", "--nodes", "1", "--data-dir", "d",
                                               "--no-spark-prestart"]).spark_prestart
     cluster_mod.save_cluster(tmp_path, cluster_mod.new_cluster(tmp_path, 2, spark_prestart=False))
     restarted = cluster_mod.reuse_cluster(tmp_path, 2, shards=1, base_port=None)
@@ -469,7 +476,7 @@ def test_cluster_commands_resolve_a_relative_data_dir(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     for argv in (["cluster", "up", "--nodes", "1"], ["cluster", "down"], ["cluster", "stop-node", "n1"],
                  ["cluster", "start-node", "n1"]):
-        assert cli.build_parser().parse_args([*argv, "--data-dir", "c"]).data_dir == tmp_path.resolve() / "c"
+        assert build_parser().parse_args([*argv, "--data-dir", "c"]).data_dir == tmp_path.resolve() / "c"
 
 
 def test_a_restarted_local_cluster_takes_the_injections_choice_of_the_restart(tmp_path):
@@ -832,8 +839,6 @@ def test_harness_wait_until_reports_the_message_and_last_error(tmp_path):
 def test_params_must_be_64_bit_integers():
     import argparse
 
-    from vbc.cli import json_params
-
     assert json_params('[[1, "a", null, 2.5]]') == [[1, "a", None, 2.5]]
     with pytest.raises(argparse.ArgumentTypeError, match="64 bits"):
         json_params("[[99999999999999999999]]")
@@ -852,8 +857,8 @@ def test_a_given_root_password_is_read_from_the_first_line_of_its_file(tmp_path,
     code, _, err = run_cli(capsys, *up, str(given), "--insecure")
     assert code == 2 and "needs a secure cluster" in err
     assert not (tmp_path / "c").exists()  # refused before anything was made
-    args = cli.build_parser().parse_args([*up, str(given)])
-    assert cli.given_root_password(args) == "s3cret"
+    args = build_parser().parse_args([*up, str(given)])
+    assert given_root_password(args) == "s3cret"
 
 
 @pytest.mark.integration

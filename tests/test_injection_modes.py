@@ -11,7 +11,8 @@ from rich.console import Console
 
 from common.injection import FAIL, KNOWN_POINTS, MODES, PAUSE, InjectedFailure, Injections, default_mode
 from node.admin_service import AdminDeps, AdminService
-from vbc import cli
+from vbc.cli.admin import enabled_mode
+from vbc.cli.parser import build_parser
 from vbc.client import INJECT_ACTIONS, inject_response_to_dict
 from vbc.render import injection_point_rows, injection_points_table
 from vbcpb import vbc_pb2 as pb
@@ -117,17 +118,17 @@ def test_the_list_table_has_a_default_mode_column():
 
 def test_the_mode_help_says_the_default_follows_the_point(capsys):
     with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["inject", "--help"])
+        build_parser().parse_args(["inject", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "default: the point's own mode, which follows its name" in help_text and "fail (default)" not in help_text
-    assert cli.build_parser().parse_args(["inject", "p", "--enable"]).mode is None
+    assert build_parser().parse_args(["inject", "p", "--enable"]).mode is None
 
 
 @pytest.mark.parametrize("asked, listed, shown",
                          [(None, PAUSE, PAUSE), (FAIL, FAIL, FAIL), (None, "", "the point's default")])
 def test_the_enable_line_names_the_mode_the_node_reports(asked, listed, shown):
     result = {"points": [{"name": "p", "mode": listed}, {"name": "other", "mode": FAIL}]}
-    assert cli.enabled_mode(result, "p", asked) == shown
+    assert enabled_mode(result, "p", asked) == shown
 
 
 class AbortingContext:
