@@ -27,8 +27,17 @@ VIEW = "CREATE MATERIALIZED VIEW {ks}.mv AS SELECT * FROM {ks}.tab WHERE c IS NO
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with LocalCluster(1, tmp_path_factory.mktemp("chunks")) as started:
-        assert client.build_config(started.addresses(), chunk_rows=CHUNK_ROWS) == {"chunk_rows": CHUNK_ROWS}
         yield started
+
+
+def test_the_chunk_size_is_shown_and_set_by_vbc_build_config(cluster, capsys):
+    from vbc import cli
+    build_config = ["build", "config", "--addr", cluster.addresses()[0]]
+    assert cli.main(build_config) == 0 and capsys.readouterr().out == "chunk rows: 250,000\n"
+    assert cli.main([*build_config, "--chunk-rows", "5"]) == 1
+    assert "a chunk holds 100 to 10,000,000 rows, not 5" in capsys.readouterr().err
+    assert cli.main([*build_config, "--chunk-rows", str(CHUNK_ROWS), "--json"]) == 0
+    assert capsys.readouterr().out == f'{{"chunk_rows": {CHUNK_ROWS}}}\n'
 
 
 def make_base(cluster: LocalCluster, ks: str, tmp_path) -> None:
