@@ -93,6 +93,7 @@ WORKER_SECONDS = {  # stats key -> (metric name, documentation): seconds spent b
     "read_s": ("read_seconds", "Seconds view building batches spent reading base tablet replicas"),
     "spark_s": ("spark_seconds", "Seconds view building batches spent in Spark"),
     "merge_s": ("merge_seconds", "Seconds view building batches spent merging view rows at their replicas"),
+    "throttled_s": ("throttled_seconds", "Seconds view building batches waited out the build rate limit"),
 }
 SPARK_STATES = ("off", "starting", "warming", "ready", "failed")
 

@@ -16,6 +16,7 @@ from coordinator.core.commands import (
     RequestTabletMerge,
     SetBalancer,
     SetBuildSettings,
+    SetViewPaused,
     SplitTablets,
     StartTabletMigration,
 )
@@ -185,14 +186,31 @@ class AdminService(rpc.AdminServicer):
 
     @unary
     def BuildConfig(self, request, context):
-        if request.chunk_rows:
-            self._deps.require_ready()
-            outcome = self._deps.propose(SetBuildSettings(cmd_id=uuid.uuid4().hex, chunk_rows=request.chunk_rows))
-            if not outcome.ok:
-                raise outcome.error
+        rate = request.rate_rows_per_s if request.HasField("rate_rows_per_s") else None
+        if request.chunk_rows or rate is not None:
+            self._propose(SetBuildSettings(cmd_id=uuid.uuid4().hex, chunk_rows=request.chunk_rows or None,
+                                           rate_rows_per_s=rate))
         else:
             self._deps.catch_up()
-        return self._deps.read_state(lambda s: pb.BuildSettings(chunk_rows=s.build_settings.chunk_rows))
+        return self._deps.read_state(lambda s: pb.BuildSettings(chunk_rows=s.build_settings.chunk_rows,
+                                                                rate_rows_per_s=s.build_settings.rate_rows_per_s))
+
+    @unary
+    def PauseView(self, request, context):
+        keyspace, _, name = request.view.partition(".")
+        if not keyspace or not name:
+            raise InvalidArgument(f"give the view as KEYSPACE.VIEW, got {request.view!r}")
+        paused = self._propose(SetViewPaused(cmd_id=uuid.uuid4().hex, keyspace=keyspace, name=name,
+                                             paused=request.paused))
+        return pb.PauseViewResponse(paused=paused)
+
+    def _propose(self, command) -> object:
+        """Propose a command once this node is ready; its value, or its refusal raised."""
+        self._deps.require_ready()
+        outcome = self._deps.propose(command)
+        if not outcome.ok:
+            raise outcome.error
+        return outcome.value
 
     @unary
     def Migration(self, request, context):
@@ -325,6 +343,12 @@ def _table_and_tablets(state, keyspace: str, name: str):
     return table, state.tablets[table.id]
 
 
+def _view_state(state, view_id: str, progress: dict) -> str:
+    if progress["built"]:
+        return "BUILT"
+    return "PAUSED" if view_id in state.paused_views else "BUILDING"
+
+
 def _status_snapshot(state):
     views = []
     for view in (t for t in state.tables.values() if t.view is not None):
@@ -332,7 +356,7 @@ def _status_snapshot(state):
         total, done = progress["tasks_total"], progress["tasks_done"]
         base = state.tables[view.view.base_id]
         views.append((view.id, pb.ViewStatus(
-            name=view.qualified_name, base=base.qualified_name, state="BUILT" if progress["built"] else "BUILDING",
+            name=view.qualified_name, base=base.qualified_name, state=_view_state(state, view.id, progress),
             tasks_total=total, tasks_done=done,
             progress=1.0 if progress["built"] else (done / total if total else 0.0),
             hosts=progress["hosts"], is_index=view.view.is_index, rows_done=progress["rows_done"],

@@ -54,7 +54,8 @@ def _balancer_policy(request) -> str:
 
 
 def _build_config_policy(request) -> str:
-    return SUPERUSER if getattr(request, "chunk_rows", 0) else LOGIN  # showing the settings needs a login only
+    changes = getattr(request, "chunk_rows", 0) or request.HasField("rate_rows_per_s")
+    return SUPERUSER if changes else LOGIN  # showing the settings needs a login only
 
 
 # Who may call each method of every service a node serves: a method no policy names is refused (PERMISSION_DENIED),
@@ -63,7 +64,8 @@ METHOD_POLICIES: dict[str, str | Callable[[object], str]] = {
     **{f"/vbc.v1.Client/{name}": LOGIN for name in ("Execute", "ExecuteStream", "Prepare", "Session")},
     **{f"/vbc.v1.Admin/{name}": LOGIN for name in ("Status", "Tablets", "Migration", "NodeState")},
     **{f"/vbc.v1.Admin/{name}": SUPERUSER
-       for name in ("Inject", "CheckView", "MoveTablet", "ResizeTablets", "JoinCluster", "Decommission")},
+       for name in ("Inject", "CheckView", "MoveTablet", "ResizeTablets", "JoinCluster", "Decommission",
+                    "PauseView")},
     "/vbc.v1.Admin/Balancer": _balancer_policy,
     "/vbc.v1.Admin/BuildConfig": _build_config_policy,
     **{f"/vbc.v1.Internode/{name}": NODES

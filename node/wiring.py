@@ -25,6 +25,7 @@ from common.metrics import NodeMetrics, serve_metrics
 from common.open_calls import OpenCalls
 from common.peers import Peers
 from common.worker_client import WorkerClient
+from coordinator.core.build_settings import chunk_limit
 from coordinator.core.commands import RecordTaskProgress, RegisterNode
 from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
@@ -50,6 +51,7 @@ from worker.executor import WorkerExecutor
 from worker.service import WorkerService
 from worker.spark_session import DEFAULT_JAVA_OPTIONS, NodeSpark, SparkConfig, default_master
 from worker.spark_warmup import warm_up
+from worker.throttle import Throttle
 
 from . import security
 from .admin_service import AdminDeps, AdminService
@@ -161,7 +163,10 @@ class Node:
                                   track_write=lambda: self.inflight.track(self.schema_version),
                                   read_view_rows=self.endpoint.view_rows,
                                   delete_view_rows=self.endpoint.delete_view_rows,
-                                  chunking=Chunking(self.ledger, self._chunk_rows, self._report_task_progress))
+                                  chunking=Chunking(self.ledger, self._chunk_rows, self._report_task_progress,
+                                                    throttle=Throttle(self._build_rate),
+                                                    paused=lambda: self.group0.read(lambda s: frozenset(
+                                                        s.paused_views))))
         self._parallel_batches = max(2, config.shards)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
                                      self.build_job, lambda: self.group0.term, max_parallel=self._parallel_batches)
@@ -296,7 +301,10 @@ class Node:
         self._metrics_server, _ = serve_metrics(address, self.metrics.registry, **tls)
 
     def _chunk_rows(self) -> int:
-        return self.group0.read(lambda state: state.build_settings.chunk_rows)
+        return self.group0.read(lambda state: chunk_limit(state.build_settings))
+
+    def _build_rate(self) -> int:
+        return self.group0.read(lambda state: state.build_settings.rate_rows_per_s)
 
     def _report_task_progress(self, rows: Mapping[str, int]) -> None:
         """The rows each task's running batch scanned so far, to group0 (the views' rows_done)."""
@@ -468,6 +476,7 @@ class Node:
                 "spark_state": spark.state, "spark_error": spark.error, "spark_start_s": spark.start_seconds,
                 "view_rows_repaired": build.view_rows_repaired,
                 "read_s": build.read_seconds, "spark_s": build.spark_seconds, "merge_s": build.merge_seconds,
+                "throttled_s": build.throttled_seconds,
                 "failures": [{"view_id": f.view_id, "error": f.error, "attempts": f.attempts}
                              for f in self.worker.failures()]}
 

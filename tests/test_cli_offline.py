@@ -292,7 +292,7 @@ def sample_status() -> pb.StatusResponse:
                              worker=pb.WorkerStats(spark_jobs=2, tablet_scans=3, rows_scanned=1500, tasks_finished=3,
                                                    tasks_answered_from_ledger=1, batches_running=1, spark_state="ready",
                                                    spark_start_s=9.5, read_s=0.25, spark_s=1.5, merge_s=0.75,
-                                                   view_rows_repaired=4,
+                                                   view_rows_repaired=4, throttled_s=2.5,
                                                    failures=[pb.BatchFailure(view_id="v1", error="UNAVAILABLE: boom",
                                                                              attempts=2)])),
                pb.NodeStatus(id="n2", grpc="127.0.0.1:3", raft="127.0.0.1:4", alive=False)],
@@ -313,7 +313,8 @@ def test_status_dict_has_the_documented_shape():
                                                "spark_error": "", "spark_start_s": 9.5, "read_s": 0.25,
                                                "spark_s": 1.5, "merge_s": 0.75,
                                                "failures": [{"view_id": "v1", "error": "UNAVAILABLE: boom",
-                                                             "attempts": 2}], "view_rows_repaired": 4},
+                                                             "attempts": 2}], "view_rows_repaired": 4,
+                                               "throttled_s": 2.5},
                                     "insecure": False}
     assert document["nodes"][1]["worker"] is None  # unreachable
     assert document["views"] == [{"name": "ks.mv", "base": "ks.t", "state": "BUILDING", "is_index": False,
@@ -337,12 +338,12 @@ def test_tablet_dict_has_the_documented_shape():
 def test_status_rendering_names_nodes_and_views():
     from rich.console import Console
 
-    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console = Console(width=240, record=True, file=open(os.devnull, "w"))
     console.print(render_status(client.status_to_dict(sample_status())))
     text = console.export_text()
     assert "n1 (leader)" in text and "DOWN" in text and "ks.mv" in text and "25.0%" in text and "n2:SUCCESS" in text
     assert "1,500 rows, 500/s, ETA 9s" in text and "1 running, 3 tasks, 1,500 rows, 2 spark jobs" in text
-    assert "(read 0.2s, spark 1.5s, merge 0.8s)" in text and "ready 9.5s" in text
+    assert "(read 0.2s, spark 1.5s, merge 0.8s, throttled 2.5s)" in text and "ready 9.5s" in text
     assert "ks.mv: 2 batches failed in a row on n1: UNAVAILABLE: boom" in text
 
 

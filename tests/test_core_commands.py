@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import state as state_module
-from coordinator.core.build_settings import DEFAULT_CHUNK_ROWS
+from coordinator.core.build_settings import DEFAULT_CHUNK_ROWS, BuildSettings, chunk_limit
 from coordinator.core.commands import (
     COMMANDS,
     JOURNAL_VERSION,
@@ -45,6 +45,7 @@ FIELD_STRATEGIES = {
     int: st.integers(),
     bool: st.booleans(),
     bool | None: st.one_of(st.none(), st.booleans()),
+    int | None: st.one_of(st.none(), st.integers()),
     str | None: st.one_of(st.none(), st.text(max_size=12)),
     tuple[str, ...]: NAMES,
     tuple[str, ...] | None: st.one_of(st.none(), NAMES),
@@ -310,13 +311,18 @@ def test_rows_reported_chunk_by_chunk_move_rows_done_which_never_goes_down():
     assert refused.error_code == "INVALID_ARGUMENT"
 
 
-def test_the_chunk_size_is_a_cluster_setting_within_bounds():
+def test_the_chunk_size_and_rate_limit_are_cluster_settings_within_bounds():
     state = Group0State()
-    assert state.build_settings.chunk_rows == DEFAULT_CHUNK_ROWS
-    assert state.apply(SetBuildSettings(chunk_rows=1000, cmd_id=None)).value.chunk_rows == 1000
+    assert state.build_settings == BuildSettings(DEFAULT_CHUNK_ROWS, 0)
+    assert state.apply(SetBuildSettings(chunk_rows=1000, cmd_id=None)).value == BuildSettings(1000, 0)
     refused = state.apply(SetBuildSettings(chunk_rows=5, cmd_id=None))
     assert refused.error_code == "INVALID_ARGUMENT" and "not 5" in refused.error_message
-    assert state.build_settings.chunk_rows == 1000
+    assert state.apply(SetBuildSettings(rate_rows_per_s=500, cmd_id=None)).value == BuildSettings(1000, 500)
+    assert chunk_limit(state.build_settings) == 500  # a second's worth of rows under a limit
+    refused = state.apply(SetBuildSettings(chunk_rows=2000, rate_rows_per_s=3, cmd_id=None))
+    assert refused.error_code == "INVALID_ARGUMENT" and state.build_settings == BuildSettings(1000, 500)
+    assert state.apply(SetBuildSettings(rate_rows_per_s=0, cmd_id=None)).value == BuildSettings(1000, 0)
+    assert chunk_limit(state.build_settings) == 1000
 
 
 def test_finishing_tasks_removes_them_once_and_ignores_absent_ids():

@@ -17,6 +17,7 @@ from coordinator.core.commands import (
     FinishViewBuildingTasks,
     RegisterNode,
     SetProcessingBase,
+    SetViewPaused,
     WhereTerm,
 )
 from coordinator.core.planner import (
@@ -120,6 +121,24 @@ def test_the_processing_base_advances_when_its_tasks_are_gone_and_is_cleared_at_
     claim(state)
     apply(state, FinishViewBuildingTasks(term=1, task_ids=tuple(state.tasks), cmd_id=None))
     assert dispatch(state).commands == (SetProcessingBase(term=1, base_id=None, cmd_id=None),)
+
+
+def test_a_paused_view_gets_no_batch_and_holds_no_other_table_back():
+    state = cluster(tables=2)
+    add_view(state, 1, base=1)
+    add_view(state, 2, base=2)
+    claim(state)
+    apply(state, SetViewPaused(keyspace="ks", name="mv1", paused=True, cmd_id=None))
+    assert dispatch(state).commands == (SetProcessingBase(term=1, base_id=table_id(2), cmd_id=None),)
+    claim(state)
+    sent = {task_id for batch in dispatch(state).batches for task_id in batch.task_ids}
+    assert sent and all(state.tasks[i].view_id == view_id(2) for i in sent)
+    apply(state, SetViewPaused(keyspace="ks", name="mv1", paused=False, cmd_id=None))
+    apply(state, FinishViewBuildingTasks(term=1, task_ids=tuple(i for i, t in state.tasks.items()
+                                                                if t.view_id == view_id(2)), cmd_id=None))
+    assert dispatch(state).commands == (SetProcessingBase(term=1, base_id=table_id(1), cmd_id=None),)
+    refused = state.apply(SetViewPaused(keyspace="ks", name="nope", paused=True, cmd_id=None))
+    assert refused.error_code == "NOT_FOUND"
 
 
 def test_a_new_view_on_another_base_waits_for_the_current_base():

@@ -8,7 +8,7 @@ import pytest
 
 from coordinator.core.errors import StaleTerm, Unavailable
 from coordinator.core.schema import TASK_BUILD_RANGE, Replica, Task
-from worker.executor import BatchCancelled, BatchFailure, WorkerExecutor
+from worker.executor import BatchCancelled, BatchFailure, BatchStopped, WorkerExecutor
 from worker.tasks import Answer
 
 BASE = "b" * 32
@@ -146,6 +146,16 @@ def test_shards_run_in_parallel_and_a_call_to_a_busy_shard_waits_for_its_batch(w
     with pytest.raises(Unavailable, match="still running"):
         executor.work(1, 0, ["b"], timeout=0.2)  # attached to a's batch: nothing of it finished in time
     assert executor.running_batches() == 2 and len(jobs.started) == 2
+
+
+def test_a_batch_stopped_on_purpose_tells_its_callers_why_and_counts_as_no_failure(worker):
+    executor, _, ledger, jobs = worker
+    thread, result = call(executor, 1, 0, ["a"])
+    jobs.wait_started(1)
+    jobs.finish(jobs.started[0][0].batch_id, error=BatchStopped("the build of view(s) v1 is paused"))
+    thread.join(WAIT)
+    assert result["answer"].error == "the build of view(s) v1 is paused" and result["answer"].finished == ()
+    assert ledger.ids == {} and executor.counters.batches_failed == 0 and executor.failures() == []
 
 
 def test_a_failed_batch_reports_the_error_and_records_nothing(worker):

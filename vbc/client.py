@@ -675,12 +675,21 @@ def balancer(addr_or_addrs, action: str = "status", timeout: float = DEFAULT_TIM
             "loads": {load.node: load.replicas for load in answer.loads}}
 
 
-def build_config(addr_or_addrs, chunk_rows: int = 0, timeout: float = DEFAULT_TIMEOUT) -> dict:
-    """Admin.BuildConfig: the cluster's view building settings ({"chunk_rows"}), after changing those given."""
-    request = pb.BuildConfigRequest(chunk_rows=chunk_rows)
+def build_config(addr_or_addrs, chunk_rows: int = 0, rate_rows_per_s: int | None = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """Admin.BuildConfig: the cluster's view building settings ({"chunk_rows", "rate_rows_per_s"}: 0 is no limit),
+    after changing those given (chunk_rows 0 and rate None: unchanged)."""
+    request = pb.BuildConfigRequest(chunk_rows=chunk_rows, rate_rows_per_s=rate_rows_per_s)
     answer = call_any(addr_or_addrs, lambda addr: admin_stub(addr).BuildConfig(request, timeout=timeout),
                       idempotent=True)  # setting a value twice leaves it set
-    return {"chunk_rows": answer.chunk_rows}
+    return {"chunk_rows": answer.chunk_rows, "rate_rows_per_s": answer.rate_rows_per_s}
+
+
+def pause_view(addr_or_addrs, view: str, paused: bool = True, timeout: float = DEFAULT_TIMEOUT) -> bool:
+    """Admin.PauseView: pause (or resume) the build of view "ks.name"; whether it is paused now."""
+    request = pb.PauseViewRequest(view=view, paused=paused)
+    return call_any(addr_or_addrs, lambda addr: admin_stub(addr).PauseView(request, timeout=timeout),
+                    idempotent=True).paused
 
 
 def migration(addr_or_addrs, migration_id: str, timeout: float = 10.0) -> dict:

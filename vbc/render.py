@@ -98,7 +98,8 @@ def worker_text(worker: dict | None) -> Text:
                 f"{worker['rows_scanned']:,} rows, {worker['spark_jobs']} spark jobs")
     if worker.get("tablet_scans"):
         text.append(f" (read {worker.get('read_s', 0.0):.1f}s, spark {worker.get('spark_s', 0.0):.1f}s, "
-                    f"merge {worker.get('merge_s', 0.0):.1f}s)")
+                    f"merge {worker.get('merge_s', 0.0):.1f}s"
+                    + (f", throttled {worker['throttled_s']:.1f}s" if worker.get("throttled_s") else "") + ")")
     if worker.get("view_rows_repaired"):
         text.append(f", {worker['view_rows_repaired']:,} stale view rows repaired")
     if worker["batches_failed"]:
@@ -138,8 +139,11 @@ def duration_text(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+STATE_STYLES = {"BUILT": "green", "PAUSED": "blue"}
+
+
 def rate_text(view: dict) -> Text:
-    if view["state"] == "BUILT":
+    if view["state"] in ("BUILT", "PAUSED"):
         return Text(f"{view.get('rows_done', 0):,} rows")
     rate = view.get("rows_per_s", 0.0)
     return Text(f"{view.get('rows_done', 0):,} rows" + (f", {rate:,.0f}/s" if rate else "")
@@ -175,7 +179,7 @@ def status_views_table(views: list[dict]) -> Table:
     for column in ("name", "base", "kind", "state", "tasks", "progress", "rows", "hosts"):
         table.add_column(column, no_wrap=column in ("name", "progress"))
     for view in views:
-        state = Text(view["state"], style="green" if view["state"] == "BUILT" else "yellow")
+        state = Text(view["state"], style=STATE_STYLES.get(view["state"], "yellow"))
         table.add_row(cell(view["name"]), cell(view["base"]), Text("index" if view.get("is_index") else "view"), state,
                       Text(f"{view['tasks_done']}/{view['tasks_total']}"), progress_cell(view["progress"]),
                       rate_text(view), hosts_text(view["hosts"]))

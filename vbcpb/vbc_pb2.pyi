@@ -97,17 +97,35 @@ class ExecuteResponse(_message.Message):
     plan: str
     def __init__(self, columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., message: _Optional[str] = ..., paging_state: _Optional[bytes] = ..., arrow_rows: _Optional[bytes] = ..., plan: _Optional[str] = ...) -> None: ...
 
+class PauseViewRequest(_message.Message):
+    __slots__ = ("view", "paused")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    paused: bool
+    def __init__(self, view: _Optional[str] = ..., paused: _Optional[bool] = ...) -> None: ...
+
+class PauseViewResponse(_message.Message):
+    __slots__ = ("paused",)
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    def __init__(self, paused: _Optional[bool] = ...) -> None: ...
+
 class BuildConfigRequest(_message.Message):
-    __slots__ = ("chunk_rows",)
+    __slots__ = ("chunk_rows", "rate_rows_per_s")
     CHUNK_ROWS_FIELD_NUMBER: _ClassVar[int]
+    RATE_ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
     chunk_rows: int
-    def __init__(self, chunk_rows: _Optional[int] = ...) -> None: ...
+    rate_rows_per_s: int
+    def __init__(self, chunk_rows: _Optional[int] = ..., rate_rows_per_s: _Optional[int] = ...) -> None: ...
 
 class BuildSettings(_message.Message):
-    __slots__ = ("chunk_rows",)
+    __slots__ = ("chunk_rows", "rate_rows_per_s")
     CHUNK_ROWS_FIELD_NUMBER: _ClassVar[int]
+    RATE_ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
     chunk_rows: int
-    def __init__(self, chunk_rows: _Optional[int] = ...) -> None: ...
+    rate_rows_per_s: int
+    def __init__(self, chunk_rows: _Optional[int] = ..., rate_rows_per_s: _Optional[int] = ...) -> None: ...
 
 class BalancerRequest(_message.Message):
     __slots__ = ("action",)
@@ -280,7 +298,7 @@ class NodeStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., schema_version: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., insecure: _Optional[bool] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed", "spark_state", "spark_error", "spark_start_s", "read_s", "spark_s", "merge_s", "failures", "view_rows_repaired")
+    __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed", "spark_state", "spark_error", "spark_start_s", "read_s", "spark_s", "merge_s", "failures", "view_rows_repaired", "throttled_s")
     SPARK_JOBS_FIELD_NUMBER: _ClassVar[int]
     TABLET_SCANS_FIELD_NUMBER: _ClassVar[int]
     ROWS_SCANNED_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +314,7 @@ class WorkerStats(_message.Message):
     MERGE_S_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     VIEW_ROWS_REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_S_FIELD_NUMBER: _ClassVar[int]
     spark_jobs: int
     tablet_scans: int
     rows_scanned: int
@@ -311,7 +330,8 @@ class WorkerStats(_message.Message):
     merge_s: float
     failures: _containers.RepeatedCompositeFieldContainer[BatchFailure]
     view_rows_repaired: int
-    def __init__(self, spark_jobs: _Optional[int] = ..., tablet_scans: _Optional[int] = ..., rows_scanned: _Optional[int] = ..., tasks_finished: _Optional[int] = ..., tasks_answered_from_ledger: _Optional[int] = ..., batches_running: _Optional[int] = ..., batches_failed: _Optional[int] = ..., spark_state: _Optional[str] = ..., spark_error: _Optional[str] = ..., spark_start_s: _Optional[float] = ..., read_s: _Optional[float] = ..., spark_s: _Optional[float] = ..., merge_s: _Optional[float] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ..., view_rows_repaired: _Optional[int] = ...) -> None: ...
+    throttled_s: float
+    def __init__(self, spark_jobs: _Optional[int] = ..., tablet_scans: _Optional[int] = ..., rows_scanned: _Optional[int] = ..., tasks_finished: _Optional[int] = ..., tasks_answered_from_ledger: _Optional[int] = ..., batches_running: _Optional[int] = ..., batches_failed: _Optional[int] = ..., spark_state: _Optional[str] = ..., spark_error: _Optional[str] = ..., spark_start_s: _Optional[float] = ..., read_s: _Optional[float] = ..., spark_s: _Optional[float] = ..., merge_s: _Optional[float] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ..., view_rows_repaired: _Optional[int] = ..., throttled_s: _Optional[float] = ...) -> None: ...
 
 class BatchFailure(_message.Message):
     __slots__ = ("view_id", "error", "attempts")

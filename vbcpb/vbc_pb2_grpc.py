@@ -312,6 +312,11 @@ class AdminStub:
                 request_serializer=vbcpb_dot_vbc__pb2.BuildConfigRequest.SerializeToString,
                 response_deserializer=vbcpb_dot_vbc__pb2.BuildSettings.FromString,
                 _registered_method=True)
+        self.PauseView = channel.unary_unary(
+                '/vbc.v1.Admin/PauseView',
+                request_serializer=vbcpb_dot_vbc__pb2.PauseViewRequest.SerializeToString,
+                response_deserializer=vbcpb_dot_vbc__pb2.PauseViewResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -396,7 +401,14 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def BuildConfig(self, request, context):
-        """Show the cluster's view building settings, and change those given (a field left 0 is unchanged).
+        """Show the cluster's view building settings, and change those given (a field left out is unchanged).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseView(self, request, context):
+        """Pause a view's build (no new batches; running ones stop at their next chunk) or resume it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -464,6 +476,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.BuildConfig,
                     request_deserializer=vbcpb_dot_vbc__pb2.BuildConfigRequest.FromString,
                     response_serializer=vbcpb_dot_vbc__pb2.BuildSettings.SerializeToString,
+            ),
+            'PauseView': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseView,
+                    request_deserializer=vbcpb_dot_vbc__pb2.PauseViewRequest.FromString,
+                    response_serializer=vbcpb_dot_vbc__pb2.PauseViewResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -792,6 +809,33 @@ class Admin:
             '/vbc.v1.Admin/BuildConfig',
             vbcpb_dot_vbc__pb2.BuildConfigRequest.SerializeToString,
             vbcpb_dot_vbc__pb2.BuildSettings.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseView(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vbc.v1.Admin/PauseView',
+            vbcpb_dot_vbc__pb2.PauseViewRequest.SerializeToString,
+            vbcpb_dot_vbc__pb2.PauseViewResponse.FromString,
             options,
             channel_credentials,
             insecure,

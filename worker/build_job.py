@@ -46,10 +46,11 @@ from storage.ledger import TaskCheckpoint
 from storage.store import NodeStore
 
 from worker.build_progress import after_chunk, checkpoint_of, resume_token
-from worker.executor import BatchCancelled, BatchControl
+from worker.executor import BatchCancelled, BatchControl, BatchStopped
 from worker.spark_session import NodeSpark
 from worker.spark_views import compute_view_rows, staged_token_range
 from worker.tasks import BatchRows, StartBatch
+from worker.throttle import Throttle
 from worker.view_repair import BaseRow, repair_floors, stale_deletes, stale_view_rows, view_keys_of
 
 log = logging.getLogger(__name__)
@@ -69,12 +70,19 @@ class Checkpoints(Protocol):
 
 @dataclass(frozen=True)
 class Chunking:
-    """How batches go chunk by chunk: the checkpoints, the cluster's chunk size (read before each chunk), and where
-    the rows each task has scanned so far are reported (group0's `RecordTaskProgress`; a failed report is logged)."""
+    """How batches go chunk by chunk: the checkpoints, the most rows a chunk holds (read before each chunk:
+    `build_settings.chunk_limit`), where the rows each task has scanned so far are reported (group0's
+    `RecordTaskProgress`; a failed report is logged), the node's rate limit, and which views are paused."""
 
     checkpoints: Checkpoints
     chunk_rows: Callable[[], int]
     report: Callable[[Mapping[str, int]], object] = lambda rows: None
+    throttle: Throttle | None = None
+    paused: Callable[[], frozenset[str]] = frozenset
+
+
+class BatchPaused(BatchStopped):
+    """A chunked batch stopped at a checkpoint because a view of it is paused."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +176,7 @@ class BuildStats:
     spark_seconds: float = 0.0  # hand-over to Spark, the view job, hand-back
     merge_seconds: float = 0.0  # merging view rows at their replicas
     view_rows_repaired: int = 0  # stale view rows deleted by repair batches
+    throttled_seconds: float = 0.0  # waiting out the build rate limit
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -228,10 +237,12 @@ class BuildJob:
                      plan.base.qualified_name, plan.tablet_id, first)
         scanned = 0
         while True:
-            if control.cancelled.is_set():
-                raise BatchCancelled()
+            self._before_chunk(chunking, control)
+            started = chunking.throttle.now() if chunking.throttle else 0.0
             last = bulk.chunk_end(self._store, storage_spec(plan.base), first, plan.last_token, chunking.chunk_rows())
             rows = self._build_range(start, plan, control, first, last, None)
+            if chunking.throttle:
+                chunking.throttle.charge(started, rows)
             scanned += rows
             live = [t.id for t in control.live_tasks()]
             checkpoints = after_chunk(checkpoints, live, plan.first_token, last, rows)
@@ -243,6 +254,17 @@ class BuildJob:
                 per_task = {t: checkpoint_of(checkpoints, t, plan.first_token).rows_scanned for t in task_ids}
                 return BatchRows(scanned, per_task)
             first = last + 1
+
+    def _before_chunk(self, chunking: Chunking, control: BatchControl) -> None:
+        """Stop if the batch was cancelled or a view of it paused; wait out the node's rate limit."""
+        if control.cancelled.is_set():
+            raise BatchCancelled()
+        paused = {t.view_id for t in control.live_tasks()} & chunking.paused()
+        if paused:
+            raise BatchPaused(f"the build of view(s) {', '.join(sorted(paused))} is paused (`vbc view resume`)")
+        if chunking.throttle:
+            waited = chunking.throttle.wait(control.cancelled)
+            self.stats.add(throttled_seconds=waited)
 
     @staticmethod
     def _report(chunking: Chunking, rows: Mapping[str, int]) -> None:

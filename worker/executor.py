@@ -51,6 +51,11 @@ class BatchCancelled(Exception):
     """Raised by a job that noticed its batch was cancelled (every task left it)."""
 
 
+class BatchStopped(Exception):
+    """Raised by a job that stopped on purpose before its end (its views paused, say): its callers get the message,
+    and it counts as no failure."""
+
+
 @dataclass
 class WorkerCounters:
     batches_started: int = 0
@@ -198,6 +203,9 @@ class WorkerExecutor:
             rows = self._run_batch(start, control)
         except BatchCancelled:
             return
+        except BatchStopped as stop:
+            self._stopped(start, str(stop))
+            return
         except Exception as error:  # noqa: BLE001 - a failed batch is reported to its callers, who retry
             self._failed(start, error)
             return
@@ -239,6 +247,12 @@ class WorkerExecutor:
             self._controls.pop(start.batch_id, None)
             self.counters.batches_failed += 1
             self._note_failure(start, message)
+            self._carry_out(self._book.batch_failed(start.batch_id, message))
+
+    def _stopped(self, start: StartBatch, message: str) -> None:
+        log.info("view building batch %s (%s) stopped: %s", start.batch_id, ", ".join(start.task_ids), message)
+        with self._lock:
+            self._controls.pop(start.batch_id, None)
             self._carry_out(self._book.batch_failed(start.batch_id, message))
 
     def _note_failure(self, start: StartBatch, message: str) -> None:

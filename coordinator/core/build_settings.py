@@ -17,18 +17,39 @@ if TYPE_CHECKING:
 DEFAULT_CHUNK_ROWS = 250_000
 MIN_CHUNK_ROWS = 100
 MAX_CHUNK_ROWS = 10_000_000
+MIN_RATE = 100  # rows per second per node
+MAX_RATE = 1_000_000_000
 
 
 @dataclass(frozen=True)
 class BuildSettings:
-    """How the workers build: `chunk_rows`, the base rows a batch reads (and hands to Spark) at a time."""
+    """How the workers build: `chunk_rows`, the base rows a batch reads (and hands to Spark) at a time, and
+    `rate_rows_per_s`, the base rows each node's batches read per second at most (0: no limit)."""
 
     chunk_rows: int = DEFAULT_CHUNK_ROWS
+    rate_rows_per_s: int = 0
 
 
 def set_build_settings(state: Group0State, cmd: SetBuildSettings) -> BuildSettings:
-    """Change the settings; INVALID_ARGUMENT (nothing changed) for a chunk size out of range."""
-    if not MIN_CHUNK_ROWS <= cmd.chunk_rows <= MAX_CHUNK_ROWS:
-        raise InvalidArgument(f"a chunk holds {MIN_CHUNK_ROWS:,} to {MAX_CHUNK_ROWS:,} rows, not {cmd.chunk_rows:,}")
-    state.build_settings = replace(state.build_settings, chunk_rows=cmd.chunk_rows)
-    return state.build_settings
+    """Change the settings given; INVALID_ARGUMENT (nothing changed) for a value out of range."""
+    settings = state.build_settings
+    if cmd.chunk_rows is not None:
+        if not MIN_CHUNK_ROWS <= cmd.chunk_rows <= MAX_CHUNK_ROWS:
+            raise InvalidArgument(f"a chunk holds {MIN_CHUNK_ROWS:,} to {MAX_CHUNK_ROWS:,} rows, not "
+                                  f"{cmd.chunk_rows:,}")
+        settings = replace(settings, chunk_rows=cmd.chunk_rows)
+    if cmd.rate_rows_per_s is not None:
+        if cmd.rate_rows_per_s != 0 and not MIN_RATE <= cmd.rate_rows_per_s <= MAX_RATE:
+            raise InvalidArgument(f"a build rate is {MIN_RATE:,} to {MAX_RATE:,} rows per second (or off), not "
+                                  f"{cmd.rate_rows_per_s:,}")
+        settings = replace(settings, rate_rows_per_s=cmd.rate_rows_per_s)
+    state.build_settings = settings
+    return settings
+
+
+def chunk_limit(settings: BuildSettings) -> int:
+    """The rows a chunk holds at most: `chunk_rows`, and under a rate limit one second's worth (so a lifted or
+    changed limit takes effect within a second)."""
+    if settings.rate_rows_per_s:
+        return max(MIN_CHUNK_ROWS, min(settings.chunk_rows, settings.rate_rows_per_s))
+    return settings.chunk_rows

@@ -305,10 +305,22 @@ class SetBalancer(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class SetBuildSettings(Command):
-    """Change the cluster's view building settings (`vbc build config`): the rows a batch reads per chunk."""
+    """Change the cluster's view building settings (`vbc build config`); a field left None stays as it is."""
 
     op: ClassVar[str] = "set_build_settings"
-    chunk_rows: int
+    chunk_rows: int | None = None  # the base rows a batch reads (and hands to Spark) at a time
+    rate_rows_per_s: int | None = None  # the base rows each node's batches read per second, at most; 0: no limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetViewPaused(Command):
+    """Pause a view's build (no new batches; running ones stop at their next chunk) or resume it (`vbc view
+    pause|resume`). Live writes maintain a paused view as any other."""
+
+    op: ClassVar[str] = "set_view_paused"
+    keyspace: str
+    name: str
+    paused: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -381,6 +393,7 @@ COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspa
                                        FinishViewBuildingTasks, SetProcessingBase, StartTabletMigration,
                                        AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets,
                                        DecommissionNode, RemoveNode, SetBalancer, SetBuildSettings, RecordTaskProgress,
+                                       SetViewPaused,
                                        CreateRole, AlterRole,
                                        DropRole, GrantPermissions, RevokePermissions)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}
@@ -481,6 +494,7 @@ _CODECS: dict[object, _Codec] = {
     bool: _Codec("a boolean", _checked(lambda r: isinstance(r, bool)), _identity),
     str | None: _Codec("a string or null", _checked(lambda r: r is None or isinstance(r, str)), _identity),
     bool | None: _Codec("a boolean or null", _checked(lambda r: r is None or isinstance(r, bool)), _identity),
+    int | None: _Codec("an integer or null", _checked(lambda r: r is None or _is_int(r)), _identity),
     tuple[str, ...]: _Codec("a list of strings", _names, list),
     tuple[int, ...]: _Codec("a list of integers", _integers, list),
     tuple[str, ...] | None: _Codec("a list of strings or null", _optional_names, _optional_list),

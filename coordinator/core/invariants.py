@@ -11,7 +11,8 @@ Each check raises AssertionError naming what contradicts what. They are the rule
   that replica is being moved away; none on a replica an RF decrease removes; a node holding a task of a view has
   the view's build STARTED there, so a view with tasks left is not BUILT;
 - the processing base and the merge requests name existing base tables;
-- progress: a view's rows_done covers what its running tasks reported (`task_rows`), and the chunk size is in range.
+- progress: a view's rows_done covers what its running tasks reported (`task_rows`); the build settings are in
+  range; paused views exist.
 """
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ def check_progress(state: Group0State) -> None:
     for view_id, rows in reported.items():
         assert state.rows_done.get(view_id, 0) >= rows, \
             f"view {view_id} shows {state.rows_done.get(view_id, 0)} rows done, below its running tasks' {rows}"
-    chunk_rows = state.build_settings.chunk_rows
-    assert build_settings.MIN_CHUNK_ROWS <= chunk_rows <= build_settings.MAX_CHUNK_ROWS, f"chunk rows {chunk_rows}"
+    settings = state.build_settings
+    assert build_settings.MIN_CHUNK_ROWS <= settings.chunk_rows <= build_settings.MAX_CHUNK_ROWS, settings
+    assert settings.rate_rows_per_s == 0 or settings.rate_rows_per_s >= build_settings.MIN_RATE, settings
+    for view_id in state.paused_views:
+        assert view_id in state.tables and state.tables[view_id].view is not None, f"paused {view_id} is no view"
 
 
 def check_tablet_maps(state: Group0State) -> None:

@@ -17,7 +17,7 @@ the group0 state and never change it.
 Commands come out with `cmd_id` None; the loop gives each a fresh id before proposing it.
 
 Processing base: one base table at a time, persisted in group0. When none is set, or the one set has no
-live task left (live: a non-aborted `build_range` task), the next one is the base of the oldest live task
+live task left (live: a non-aborted `build_range` task of a view whose build is not paused), the next one is the base of the oldest live task
 (group0's task table keeps creation order, so views are built in the order they were created). It is kept
 while it has live tasks, even if they all wait for dead nodes. The first command of a loop in a new term is
 `SetProcessingBase` (with the base it would choose anyway): it records the term, fencing older loops.
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .commands import Command, FinishViewBuildingTasks, SetProcessingBase
 from .migrations import fewest_view_replicas, view_replica_missing
 from .schema import TASK_BUILD_RANGE, Replica, Task
-from .view_building import unsettled_statuses
+from .view_building import is_paused, unsettled_statuses
 
 if TYPE_CHECKING:
     from .state import Group0State
@@ -115,15 +115,21 @@ def is_live(task: Task) -> bool:
     return task.type == TASK_BUILD_RANGE and not task.aborted
 
 
+def is_sendable(state: Group0State, task: Task) -> bool:
+    """A live task of a view whose build is not paused."""
+    return is_live(task) and not is_paused(state, task.view_id)
+
+
 def has_live_tasks(state: Group0State, base_id: str | None) -> bool:
-    return base_id is not None and any(t.base_id == base_id and is_live(t) for t in state.tasks.values())
+    return base_id is not None and any(t.base_id == base_id and is_sendable(state, t) for t in state.tasks.values())
 
 
 def choose_processing_base(state: Group0State) -> str | None:
-    """The current base while it has live tasks, else the base of the oldest live task (None: nothing to build)."""
+    """The current base while it has live tasks, else the base of the oldest live task (None: nothing to build);
+    tasks of paused views do not count, so a paused view holds no other table back."""
     if has_live_tasks(state, state.processing_base):
         return state.processing_base
-    return next((t.base_id for t in state.tasks.values() if is_live(t)), None)
+    return next((t.base_id for t in state.tasks.values() if is_sendable(state, t)), None)
 
 
 def _processing_base_commands(state: Group0State, term: int) -> tuple[Command, ...]:
@@ -146,7 +152,8 @@ def replica_queues(state: Group0State, base_id: str | None) -> dict[Replica, tup
         fewest = {view.id: fewest_view_replicas(state, view.id) for view in state.views_of(base_id)
                   if view.id in state.tablets}
         for task in state.tasks.values():
-            if task.base_id == base_id and is_live(task) and view_replica_missing(state, task, fewest) is None:
+            if task.base_id == base_id and is_sendable(state, task) and \
+                    view_replica_missing(state, task, fewest) is None:
                 by_replica.setdefault(task.replica, []).append(task)
     return {replica: tuple(sorted(tasks, key=lambda t: (t.tablet_id, t.id))) for replica, tasks in by_replica.items()}
 

@@ -46,6 +46,7 @@ from .commands import (
     SetBalancer,
     SetBuildSettings,
     RecordTaskProgress,
+    SetViewPaused,
     SetProcessingBase,
     SplitTablets,
     StartTabletMigration,
@@ -84,6 +85,7 @@ class Group0State:
         self.processing_base: str | None = None
         self.rows_done: dict[str, int] = {}  # view id -> base rows scanned by its tasks' batches (never lowered)
         self.task_rows: dict[str, int] = {}  # running task id -> the base rows its batch reported scanned so far
+        self.paused_views: set[str] = set()  # views whose build is paused (`vbc view pause`)
         # owned by build_settings.py
         self.build_settings = build_settings.BuildSettings()
         # the newest Raft term of a view building loop command applied: a fence, not schema data (so private,
@@ -217,6 +219,7 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     SetBalancer: balancer.set_balancer,
     SetBuildSettings: build_settings.set_build_settings,
     RecordTaskProgress: view_building.record_task_progress,
+    SetViewPaused: view_building.set_view_paused,
     CreateRole: auth.create_role,
     AlterRole: auth.alter_role,
     DropRole: auth.drop_role,

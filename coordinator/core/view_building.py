@@ -1,6 +1,6 @@
 """View building: one build task per base tablet replica of a new view, and each node's build status per view.
 
-Owns the `tasks`, `build_status`, `tasks_created`, `rows_done`, `task_rows`, `processing_base` and
+Owns the `tasks`, `build_status`, `tasks_created`, `rows_done`, `task_rows`, `paused_views`, `processing_base` and
 `_view_building_term` fields of Group0State. The leader's loop changes them only through commands carrying its Raft
 term (`FinishViewBuildingTasks`, `SetProcessingBase`); one from a term older than the newest seen is refused. A
 worker reports the rows its running batches scanned, chunk by chunk (`RecordTaskProgress`): a view's `rows_done`
@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .commands import FinishViewBuildingTasks, RecordTaskProgress, SetProcessingBase
+from .commands import FinishViewBuildingTasks, RecordTaskProgress, SetProcessingBase, SetViewPaused
 from .errors import InvalidArgument, NotFound, StaleTerm
 from .ids import derived_id
 from .schema import BUILD_STARTED, BUILD_SUCCESS, TASK_BUILD_RANGE, Replica, Table, Task
@@ -239,6 +239,7 @@ def forget_table(state: Group0State, table_id: str) -> None:
     """Drop every task and status of a dropped table or view."""
     state.tasks_created.pop(table_id, None)
     state.rows_done.pop(table_id, None)
+    state.paused_views.discard(table_id)
     for task in list(state.tasks.values()):
         if table_id in (task.view_id, task.base_id):
             del state.tasks[task.id]
@@ -287,6 +288,22 @@ def finish_tasks(state: Group0State, cmd: FinishViewBuildingTasks) -> int:
     _forget_rows_of_gone_tasks(state)
     _record_loop_term(state, cmd.term)
     return removed
+
+
+def set_view_paused(state: Group0State, cmd: SetViewPaused) -> bool:
+    """Pause or resume a view's build (NOT_FOUND if no such view); whether it is paused now."""
+    view = state.find_table(cmd.keyspace, cmd.name)
+    if view is None or view.view is None:
+        raise NotFound(f"view {cmd.keyspace}.{cmd.name} does not exist")
+    if cmd.paused:
+        state.paused_views.add(view.id)
+    else:
+        state.paused_views.discard(view.id)
+    return cmd.paused
+
+
+def is_paused(state: Group0State, view_id: str | None) -> bool:
+    return view_id in state.paused_views
 
 
 def record_task_progress(state: Group0State, cmd: RecordTaskProgress) -> int:

@@ -10,7 +10,7 @@ from vbc import client
 from vbc import cluster as cluster_mod
 from vbc.cli.admin import add_inject_parser, add_spark_archive_parser
 from vbc.cli.arguments import add_command, target_options
-from vbc.cli.build import add_build_parser
+from vbc.cli.build import add_build_parsers
 from vbc.cli.certs import add_certs_parser
 from vbc.cli.cluster import add_cluster_parser
 from vbc.cli.common import UsageError, named_addresses
@@ -37,7 +37,7 @@ def add_client_parsers(commands) -> None:
     add_load_parser(commands, target)
     add_status_parser(commands, target)
     add_tablets_parsers(commands, target)
-    add_build_parser(commands, target)
+    add_build_parsers(commands, target)
     add_demo_parser(commands)
     add_wait_built_parser(commands, target)
     add_check_parser(commands, target)
