@@ -1,6 +1,7 @@
 """The Admin gRPC service: cluster status, tablet maps and fault injection, for operators and the CLI."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable
@@ -187,13 +188,12 @@ class AdminService(rpc.AdminServicer):
     @unary
     def BuildConfig(self, request, context):
         rate = request.rate_rows_per_s if request.HasField("rate_rows_per_s") else None
-        if request.chunk_rows or rate is not None:
+        if request.chunk_rows or rate is not None or request.parallel_bases:
             self._propose(SetBuildSettings(cmd_id=uuid.uuid4().hex, chunk_rows=request.chunk_rows or None,
-                                           rate_rows_per_s=rate))
+                                           rate_rows_per_s=rate, parallel_bases=request.parallel_bases or None))
         else:
             self._deps.catch_up()
-        return self._deps.read_state(lambda s: pb.BuildSettings(chunk_rows=s.build_settings.chunk_rows,
-                                                                rate_rows_per_s=s.build_settings.rate_rows_per_s))
+        return self._deps.read_state(lambda s: pb.BuildSettings(**dataclasses.asdict(s.build_settings)))
 
     @unary
     def PauseView(self, request, context):

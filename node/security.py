@@ -54,7 +54,7 @@ def _balancer_policy(request) -> str:
 
 
 def _build_config_policy(request) -> str:
-    changes = getattr(request, "chunk_rows", 0) or request.HasField("rate_rows_per_s")
+    changes = request.chunk_rows or request.parallel_bases or request.HasField("rate_rows_per_s")
     return SUPERUSER if changes else LOGIN  # showing the settings needs a login only
 
 

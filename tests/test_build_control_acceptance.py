@@ -35,17 +35,18 @@ def cluster(tmp_path_factory):
 def test_the_chunk_size_is_shown_and_set_by_vbc_build_config(cluster, capsys):
     from vbc import cli
     build_config = ["build", "config", "--addr", cluster.addresses()[0]]
-    assert cli.main(build_config) == 0 and capsys.readouterr().out == "chunk rows: 250,000\nrate limit: off\n"
+    assert cli.main(build_config) == 0
+    assert capsys.readouterr().out == "chunk rows: 250,000\nrate limit: off\nparallel bases: 2\n"
     assert cli.main([*build_config, "--chunk-rows", "5"]) == 1
     assert "a chunk holds 100 to 10,000,000 rows, not 5" in capsys.readouterr().err
     assert cli.main([*build_config, "--chunk-rows", str(CHUNK_ROWS), "--json"]) == 0
-    assert capsys.readouterr().out == f'{{"chunk_rows": {CHUNK_ROWS}, "rate_rows_per_s": 0}}\n'
+    assert capsys.readouterr().out == f'{{"chunk_rows": {CHUNK_ROWS}, "rate_rows_per_s": 0, "parallel_bases": 2}}\n'
 
 
-def make_base(cluster: LocalCluster, ks: str, tmp_path, rows: int = ROWS) -> None:
+def make_base(cluster: LocalCluster, ks: str, tmp_path, rows: int = ROWS, tablets: int = 1) -> None:
     from vbc import cli
     client.execute(cluster.addresses(), f"CREATE KEYSPACE {ks} WITH replication = {{'rf': 1}} "
-                                        "AND tablets = {'initial': 1}")
+                                        f"AND tablets = {{'initial': {tablets}}}")
     client.execute(cluster.addresses(), f"CREATE TABLE {ks}.tab (key int, c int, v text, PRIMARY KEY (key, c))")
     ids = range(rows)
     path = tmp_path / f"{ks}.csv"
@@ -149,3 +150,23 @@ def test_a_paused_view_runs_no_batch_while_writes_keep_it_current_and_resumes(cl
     assert cluster.query("SELECT v FROM pau.mv WHERE c = 7 AND key = 100001 ALLOW STALE") == [{"v": "new"}]
     assert cli.main(["view", "resume", "--addr", cluster.addresses()[0], "pau.mv"]) == 0
     assert_view_exact(cluster, "pau", ROWS + key)
+
+
+def test_two_tables_with_a_view_each_created_one_after_the_other_both_make_progress_at_once(cluster, tmp_path):
+    client.build_config(cluster.addresses(), chunk_rows=CHUNK_ROWS)
+    rows = 20_000
+    for ks in ("par1", "par2"):
+        make_base(cluster, ks, tmp_path, rows, tablets=4)
+    for ks in ("par1", "par2"):
+        client.execute(cluster.addresses(), VIEW.format(ks=ks))
+
+    def both_under_way() -> str | None:
+        views = {v["name"]: v for v in client.status(cluster.addresses(), views_only=True)["views"]}
+        first, second = views["par1.mv"], views["par2.mv"]
+        if first["state"] == "BUILT" or second["state"] == "BUILT":
+            return "one was built before both were seen under way"
+        return "at once" if first["rows_done"] > 0 and second["rows_done"] > 0 else None
+
+    assert wait_until(both_under_way, BUILD_TIMEOUT, "both views under way", interval=0.05) == "at once"
+    for ks in ("par1", "par2"):
+        assert_view_exact(cluster, ks, rows)

@@ -387,13 +387,13 @@ def test_the_processing_base_must_be_an_existing_base_table():
     state, base_id, view_id = building_state()
     for wrong in (view_id, "9" * 32):
         outcome = state.apply(SetProcessingBase(term=1, base_id=wrong, cmd_id=None))
-        assert outcome.error_code == "NOT_FOUND" and state.processing_base is None
+        assert outcome.error_code == "NOT_FOUND" and state.processing_bases == ()
     assert state.view_building_term == 0, "a refused command records no term"
     assert state.apply(SetProcessingBase(term=1, base_id=base_id, cmd_id=None)).value == base_id
-    assert state.processing_base == base_id
+    assert state.processing_bases == (base_id,)
     assert state.apply(DropView(keyspace="ks", name="mv", cmd_id=None)).ok
-    assert not state.tasks and state.processing_base == base_id  # the loop clears it (planner)
-    assert state.apply(SetProcessingBase(term=1, base_id=None, cmd_id=None)).ok and state.processing_base is None
+    assert not state.tasks and state.processing_bases == (base_id,)  # the loop clears it (planner)
+    assert state.apply(SetProcessingBase(term=1, base_id=None, cmd_id=None)).ok and state.processing_bases == ()
 
 
 def test_a_loop_term_must_be_positive():

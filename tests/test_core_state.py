@@ -446,7 +446,7 @@ def replicated_fields(state: Group0State) -> dict:
 
 
 def test_replicated_fields_are_derived_from_the_state_object():
-    assert {"nodes", "keyspaces", "tables", "tablets", "tasks", "build_status", "tasks_created", "processing_base",
+    assert {"nodes", "keyspaces", "tables", "tablets", "tasks", "build_status", "tasks_created", "processing_bases",
             "dropped_tables", "schema_version"} <= set(replicated_fields(Group0State()))
 
 
@@ -605,3 +605,11 @@ def test_a_snapshot_without_newer_fields_restores_with_their_empty_value():
     restored = Group0State.__new__(Group0State)
     restored.__setstate__(saved)
     assert restored.dropped_tables == set() and restored.nodes == state.nodes
+
+
+def test_a_snapshot_holding_the_one_processing_base_of_older_releases_restores_it_as_a_set_of_one():
+    for base, bases in (("b1", ("b1",)), (None, ())):
+        saved = {k: v for k, v in vars(Group0State()).items() if k != "processing_bases"}
+        restored = Group0State.__new__(Group0State)
+        restored.__setstate__({**saved, "processing_base": base})
+        assert restored.processing_bases == bases and "processing_base" not in vars(restored)

@@ -14,6 +14,7 @@ from coordinator.core.commands import (
     FinishViewBuildingTasks,
     RegisterNode,
     SetProcessingBase,
+    SetProcessingBases,
     WhereTerm,
 )
 from coordinator.core.errors import StaleTerm, Unavailable
@@ -98,7 +99,7 @@ class Driver:
 def test_a_new_term_claims_the_processing_base_first_then_sends_one_batch_per_replica():
     driver = Driver(cluster())
     out = driver.handle()
-    assert driver.proposed == [SetProcessingBase(term=1, base_id=TABLE, cmd_id=None)]
+    assert driver.proposed == [SetProcessingBases(term=1, base_ids=(TABLE,), cmd_id=None)]
     sends = driver.sends(out)
     assert sorted((s.batch.node, s.batch.shard) for s in sends) == [("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]
     assert all(len(s.batch.task_ids) == 2 and s.term == 1 and s.epoch == driver.loop.epoch for s in sends)

@@ -16,7 +16,8 @@ from coordinator.core.commands import (
     DropView,
     FinishViewBuildingTasks,
     RegisterNode,
-    SetProcessingBase,
+    SetBuildSettings,
+    SetProcessingBases,
     SetViewPaused,
     WhereTerm,
 )
@@ -26,7 +27,7 @@ from coordinator.core.planner import (
     Plan,
     RetrySchedule,
     SendBatch,
-    choose_processing_base,
+    choose_processing_bases,
     pending_finished,
     plan_dispatch,
     plan_flush,
@@ -90,65 +91,93 @@ def test_a_new_loop_first_claims_its_term_with_the_processing_base_and_sends_not
     state = cluster()
     add_view(state, 1)
     plan = dispatch(state, term=3)
-    assert plan == Plan(commands=(SetProcessingBase(term=3, base_id=table_id(1), cmd_id=None),))
+    assert plan == Plan(commands=(SetProcessingBases(term=3, base_ids=(table_id(1),), cmd_id=None),))
     claim(state, 3)
-    assert state.processing_base == table_id(1) and state.view_building_term == 3
+    assert state.processing_bases == (table_id(1),) and state.view_building_term == 3
     assert dispatch(state, term=3).commands == ()
 
 
 def test_an_idle_cluster_only_claims_the_term():
     state = cluster()
-    assert dispatch(state, term=2).commands == (SetProcessingBase(term=2, base_id=None, cmd_id=None),)
+    assert dispatch(state, term=2).commands == (SetProcessingBases(term=2, base_ids=(), cmd_id=None),)
     claim(state, 2)
     assert dispatch(state, term=2) == Plan()
 
 
-def test_the_processing_base_is_the_base_of_the_oldest_live_task():
-    state = cluster(tables=2)
+def test_the_processing_bases_are_the_bases_of_the_oldest_live_tasks_up_to_the_setting():
+    state = cluster(tables=3)
     add_view(state, 1, base=2)
     add_view(state, 2, base=1)
-    assert choose_processing_base(state) == table_id(2)
+    add_view(state, 3, base=3)
+    assert choose_processing_bases(state) == (table_id(2), table_id(1))
+    apply(state, SetBuildSettings(parallel_bases=3, cmd_id=None))
+    assert choose_processing_bases(state) == (table_id(2), table_id(1), table_id(3))
+
+
+def one_base_at_a_time(state: Group0State) -> Group0State:
+    apply(state, SetBuildSettings(parallel_bases=1, cmd_id=None))
+    return state
 
 
 def test_the_processing_base_advances_when_its_tasks_are_gone_and_is_cleared_at_the_end():
-    state = cluster(tables=2)
+    state = one_base_at_a_time(cluster(tables=2))
     add_view(state, 1, base=1)
     add_view(state, 2, base=2)
     claim(state)
-    assert state.processing_base == table_id(1)
+    assert state.processing_bases == (table_id(1),)
     apply(state, DropView(keyspace="ks", name="mv1", cmd_id=None))
-    assert dispatch(state).commands == (SetProcessingBase(term=1, base_id=table_id(2), cmd_id=None),)
+    assert dispatch(state).commands == (SetProcessingBases(term=1, base_ids=(table_id(2),), cmd_id=None),)
     claim(state)
     apply(state, FinishViewBuildingTasks(term=1, task_ids=tuple(state.tasks), cmd_id=None))
-    assert dispatch(state).commands == (SetProcessingBase(term=1, base_id=None, cmd_id=None),)
+    assert dispatch(state).commands == (SetProcessingBases(term=1, base_ids=(), cmd_id=None),)
 
 
 def test_a_paused_view_gets_no_batch_and_holds_no_other_table_back():
-    state = cluster(tables=2)
+    state = one_base_at_a_time(cluster(tables=2))
     add_view(state, 1, base=1)
     add_view(state, 2, base=2)
     claim(state)
     apply(state, SetViewPaused(keyspace="ks", name="mv1", paused=True, cmd_id=None))
-    assert dispatch(state).commands == (SetProcessingBase(term=1, base_id=table_id(2), cmd_id=None),)
+    assert dispatch(state).commands == (SetProcessingBases(term=1, base_ids=(table_id(2),), cmd_id=None),)
     claim(state)
     sent = {task_id for batch in dispatch(state).batches for task_id in batch.task_ids}
     assert sent and all(state.tasks[i].view_id == view_id(2) for i in sent)
     apply(state, SetViewPaused(keyspace="ks", name="mv1", paused=False, cmd_id=None))
     apply(state, FinishViewBuildingTasks(term=1, task_ids=tuple(i for i, t in state.tasks.items()
                                                                 if t.view_id == view_id(2)), cmd_id=None))
-    assert dispatch(state).commands == (SetProcessingBase(term=1, base_id=table_id(1), cmd_id=None),)
+    assert dispatch(state).commands == (SetProcessingBases(term=1, base_ids=(table_id(1),), cmd_id=None),)
     refused = state.apply(SetViewPaused(keyspace="ks", name="nope", paused=True, cmd_id=None))
     assert refused.error_code == "NOT_FOUND"
 
 
-def test_a_new_view_on_another_base_waits_for_the_current_base():
-    state = cluster(tables=2)
+def test_a_new_view_on_another_base_waits_while_every_place_is_taken():
+    state = one_base_at_a_time(cluster(tables=2))
     add_view(state, 1, base=1)
     claim(state)
     add_view(state, 2, base=2)
     plan = dispatch(state)
     assert plan.commands == ()
     assert {state.tasks[i].base_id for b in plan.batches for i in b.task_ids} == {table_id(1)}
+
+
+def test_two_bases_built_at_once_take_turns_on_a_replica_that_holds_both():
+    state = cluster(nodes=1, shards=1, rf=1, tablets=2, tables=2)
+    add_view(state, 1, base=1)
+    claim(state)
+    add_view(state, 2, base=2)
+    assert dispatch(state).commands == (SetProcessingBases(term=1, base_ids=(table_id(1), table_id(2)),
+                                                           cmd_id=None),)
+    claim(state)
+    last: dict = {}
+    finished: set[str] = set()
+    bases = []
+    for _ in range(4):
+        (batch,) = plan_dispatch(state, 1, frozenset(), all_live(state), frozenset(finished), last_base=last).batches
+        base = state.tasks[batch.task_ids[0]].base_id
+        bases.append(base)
+        last[batch.replica] = base
+        finished |= set(batch.task_ids)
+    assert bases == [table_id(1), table_id(2), table_id(1), table_id(2)]
 
 
 # ----------------------------------------------------------------- batches
@@ -195,7 +224,7 @@ def test_aborted_tasks_are_never_sent():
     for task in list(state.tasks.values()):
         state.tasks[task.id] = dataclasses.replace(task, aborted=True)
     plan = dispatch(state)
-    assert plan.batches == () and plan.commands == (SetProcessingBase(term=1, base_id=None, cmd_id=None),)
+    assert plan.batches == () and plan.commands == (SetProcessingBases(term=1, base_ids=(), cmd_id=None),)
 
 
 def test_a_deposed_loop_plans_nothing():
@@ -286,20 +315,23 @@ def test_planner_batches_are_one_per_idle_replica_of_one_tablet_and_one_task_per
     plan = plan_dispatch(state, 1, busy, live, finished)
     replicas = [b.replica for b in plan.batches]
     assert len(replicas) == len(set(replicas)), "one batch per (node, shard)"
+    bases = state.processing_bases
     sendable = {t.replica for t in state.tasks.values()
-                if t.base_id == state.processing_base and not t.aborted and t.id not in finished}
+                if t.base_id in bases and not t.aborted and t.id not in finished}
     assert set(replicas) == {r for r in sendable if r not in busy and r.node in live}
     for batch in plan.batches:
         tasks = [state.tasks[i] for i in batch.task_ids]
         assert batch.task_ids and len({(t.type, t.base_id, t.replica, t.tablet_id) for t in tasks}) == 1
-        assert tasks[0].base_id == state.processing_base and tasks[0].replica == batch.replica
+        base = next(b for b in bases if any(t.replica == batch.replica and t.base_id == b and not t.aborted
+                                            and t.id not in finished for t in state.tasks.values()))
+        assert tasks[0].base_id == base and tasks[0].replica == batch.replica, "the first base with tasks there"
         assert len({t.view_id for t in tasks}) == len(tasks), "one task per view"
         assert not set(batch.task_ids) & finished
         lowest = min(t.tablet_id for t in state.tasks.values() if t.replica == batch.replica
-                     and t.base_id == state.processing_base and t.id not in finished)
+                     and t.base_id == base and t.id not in finished)
         assert tasks[0].tablet_id == lowest
         views = {t.view_id for t in state.tasks.values() if t.replica == batch.replica
-                 and t.base_id == state.processing_base and t.tablet_id == lowest and t.id not in finished}
+                 and t.base_id == base and t.tablet_id == lowest and t.id not in finished}
         assert {t.view_id for t in tasks} == views, "every view of the tablet in the one batch"
 
 
@@ -321,14 +353,14 @@ def test_planned_commands_apply_and_a_plan_then_asks_for_no_more_base_changes(in
     for command in plan_dispatch(state, 2, busy, live, finished).commands:
         apply(state, command)
     assert plan_dispatch(state, 2, busy, live, finished).commands == ()
-    assert (state.processing_base is None) == (not any(not t.aborted for t in state.tasks.values()))
+    assert (state.processing_bases == ()) == (not any(not t.aborted for t in state.tasks.values()))
 
 
 @settings(max_examples=100, deadline=None)
 @given(planner_inputs(), st.data())
 def test_queues_computed_once_plan_what_a_fresh_plan_would_while_only_calls_finish(inputs, data):
     state, busy, live, finished = inputs
-    queues = replica_queues(state, state.processing_base)  # what the loop keeps while the applied index stays
+    queues = replica_queues(state, state.processing_bases)  # what the loop keeps while the applied index stays
     ids = sorted(state.tasks)
     later = finished | frozenset(data.draw(st.lists(st.sampled_from(ids), unique=True)) if ids else ())
     for done in (finished, later):

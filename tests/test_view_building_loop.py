@@ -19,6 +19,7 @@ from coordinator.core.commands import (
     FinishViewBuildingTasks,
     RegisterNode,
     SetProcessingBase,
+    SetProcessingBases,
     WhereTerm,
 )
 from coordinator.core.errors import Unavailable
@@ -220,7 +221,7 @@ def test_the_view_becomes_built_with_few_finish_commands(harnesses):
     assert sum(len(c.task_ids) for c in flushes) == tasks
     assert all(c.rows_scanned == tuple(rows_of(i) for i in c.task_ids) for c in flushes), "each task its own rows"
     assert all(c.cmd_id and c.term == 1 for c in flushes)
-    assert group0.commands_of(SetProcessingBase)[0].term == 1
+    assert group0.commands_of(SetProcessingBases)[0].term == 1
     assert workers.overlaps == 0
     assert h.metric("vbc_view_building_tasks_finished_total") == tasks
     assert h.metric("vbc_view_building_batches_sent_total") == len(workers.calls) == 8  # 2 views per batch
@@ -302,7 +303,7 @@ def test_after_a_term_change_late_replies_are_ignored_and_a_new_loop_picks_up_fr
     workers.hold = False
     new = start(harnesses, group0, workers, name="loop-new", term=2)
     assert group0.wait_for(built)
-    assert group0.commands_of(SetProcessingBase, "loop-new")[0].term == 2
+    assert group0.commands_of(SetProcessingBases, "loop-new")[0].term == 2
     assert {c.term for c in group0.commands_of(FinishViewBuildingTasks)} == {2}
     assert group0.commands_of(FinishViewBuildingTasks, "loop-old") == []
     assert {term for *_, term in workers.calls[len(old_calls):]} == {2}
@@ -325,14 +326,14 @@ def test_a_deposed_loop_that_still_believes_it_leads_stops_at_the_stale_term(har
 
 
 class RefusingGroup0(LeaderGroup0):
-    """Refuses the first `refusals` SetProcessingBase proposals as UNAVAILABLE (no quorum, say)."""
+    """Refuses the first `refusals` SetProcessingBases proposals as UNAVAILABLE (no quorum, say)."""
 
     def __init__(self, refusals: int):
         super().__init__()
         self.refusals = refusals
 
     def propose(self, command, timeout: float = 10.0):
-        if isinstance(command, SetProcessingBase) and self.refusals > 0:
+        if isinstance(command, SetProcessingBases) and self.refusals > 0:
             self.refusals -= 1
             with self.changed:
                 self.proposals.append((threading.current_thread().name, command))
@@ -344,6 +345,6 @@ def test_refused_commands_are_proposed_again_later_and_the_build_goes_on(harness
     group0 = build_cluster(RefusingGroup0(refusals=6))
     h = start(harnesses, group0, FakeWorkers())
     assert group0.wait_for(built), "a refused claim must not stall the loop"
-    claims = group0.commands_of(SetProcessingBase)
+    claims = group0.commands_of(SetProcessingBases)
     assert len(claims) >= 7 and group0.refusals == 0
     assert h.loop.wait_rounds(2)

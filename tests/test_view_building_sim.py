@@ -639,7 +639,7 @@ class Simulation:
                 return round_number
             self.fair_round()
         raise AssertionError(f"not built after {SETTLE_ROUNDS} fair rounds: {len(self.truth.tasks)} tasks left, "
-                             f"processing base {self.truth.processing_base}")
+                             f"processing bases {self.truth.processing_bases}")
 
     def fair_round(self) -> None:
         leader = self.nodes[self.leader]
@@ -664,7 +664,7 @@ class Simulation:
     def done(self) -> bool:
         truth = self.truth
         views = [t.id for t in truth.tables.values() if t.view is not None]
-        return (not truth.tasks and not truth.transitions and truth.processing_base is None
+        return (not truth.tasks and not truth.transitions and truth.processing_bases == ()
                 and all(truth.view_is_built(v) for v in views)
                 and all(s == BUILD_SUCCESS for s in truth.build_status.values()))
 
@@ -677,7 +677,7 @@ def check_batch(state: Group0State, send: SendBatch, loop: LeaderLoop, sent: set
     tasks = [state.tasks[i] for i in batch.task_ids]
     assert len({(t.type, t.base_id, t.replica, t.tablet_id) for t in tasks}) == 1
     assert len({t.view_id for t in tasks}) == len(tasks) and not set(loop.pending) & set(batch.task_ids)
-    assert tasks[0].replica == batch.replica and tasks[0].base_id == state.processing_base
+    assert tasks[0].replica == batch.replica and tasks[0].base_id in state.processing_bases
     assert send.term == loop.term and send.epoch == loop.epoch
 
 

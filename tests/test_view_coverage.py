@@ -67,12 +67,13 @@ def test_a_base_replica_added_before_the_view_grows_waits_for_its_view_replica()
     added = state.tablets[table_id].replicas[0][2]
     [task] = [t for t in state.tasks.values() if t.replica == added]
     assert "still being added" in m.view_replica_missing(state, task)
-    queues = planner.replica_queues(state, table_id)
-    assert task.id not in {t.id for queue in queues.values() for t in queue}
+    queues = planner.replica_queues(state, (table_id,))
+    assert task.id not in {t.id for queue in queues.values() for t in queue[table_id]}
     add_replica(state, view_id, 0)
     [renewed] = [t for t in state.tasks.values() if t.replica == added]  # a new id: see the test below
     assert m.view_replica_missing(state, renewed) is None
-    assert renewed.id in {t.id for queue in planner.replica_queues(state, table_id).values() for t in queue}
+    assert renewed.id in {t.id for queue in planner.replica_queues(state, (table_id,)).values()
+                          for t in queue[table_id]}
 
 
 def test_a_view_tablet_that_gains_a_position_renews_the_tasks_of_its_feeders_so_a_stale_batch_cannot_finish_them():

@@ -322,12 +322,12 @@ class Simulation:
         self.stats["views created"] += 1
 
     def start_batch(self) -> None:
-        queues = replica_queues(self.truth, BASE)
+        queues = replica_queues(self.truth, (BASE,))
         candidates = [r for r in sorted(queues) if self.nodes[r.node].up]
         if not candidates:
             return
         replica = self.rng.choice(candidates)
-        ids = next_batch(queues[replica])
+        ids = next_batch(queues[replica][BASE])
         node = self.nodes[replica.node]
         self.catch_up(node)
         tasks = [node.state.tasks[i] for i in ids]

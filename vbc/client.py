@@ -675,14 +675,16 @@ def balancer(addr_or_addrs, action: str = "status", timeout: float = DEFAULT_TIM
             "loads": {load.node: load.replicas for load in answer.loads}}
 
 
-def build_config(addr_or_addrs, chunk_rows: int = 0, rate_rows_per_s: int | None = None,
+def build_config(addr_or_addrs, chunk_rows: int = 0, rate_rows_per_s: int | None = None, parallel_bases: int = 0,
                  timeout: float = DEFAULT_TIMEOUT) -> dict:
-    """Admin.BuildConfig: the cluster's view building settings ({"chunk_rows", "rate_rows_per_s"}: 0 is no limit),
-    after changing those given (chunk_rows 0 and rate None: unchanged)."""
-    request = pb.BuildConfigRequest(chunk_rows=chunk_rows, rate_rows_per_s=rate_rows_per_s)
+    """Admin.BuildConfig: the cluster's view building settings ({"chunk_rows", "rate_rows_per_s" (0: no limit),
+    "parallel_bases"}), after changing those given (0, and a rate of None: unchanged)."""
+    request = pb.BuildConfigRequest(chunk_rows=chunk_rows, rate_rows_per_s=rate_rows_per_s,
+                                    parallel_bases=parallel_bases)
     answer = call_any(addr_or_addrs, lambda addr: admin_stub(addr).BuildConfig(request, timeout=timeout),
                       idempotent=True)  # setting a value twice leaves it set
-    return {"chunk_rows": answer.chunk_rows, "rate_rows_per_s": answer.rate_rows_per_s}
+    return {"chunk_rows": answer.chunk_rows, "rate_rows_per_s": answer.rate_rows_per_s,
+            "parallel_bases": answer.parallel_bases}
 
 
 def pause_view(addr_or_addrs, view: str, paused: bool = True, timeout: float = DEFAULT_TIMEOUT) -> bool:

@@ -112,20 +112,24 @@ class PauseViewResponse(_message.Message):
     def __init__(self, paused: _Optional[bool] = ...) -> None: ...
 
 class BuildConfigRequest(_message.Message):
-    __slots__ = ("chunk_rows", "rate_rows_per_s")
+    __slots__ = ("chunk_rows", "rate_rows_per_s", "parallel_bases")
     CHUNK_ROWS_FIELD_NUMBER: _ClassVar[int]
     RATE_ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_BASES_FIELD_NUMBER: _ClassVar[int]
     chunk_rows: int
     rate_rows_per_s: int
-    def __init__(self, chunk_rows: _Optional[int] = ..., rate_rows_per_s: _Optional[int] = ...) -> None: ...
+    parallel_bases: int
+    def __init__(self, chunk_rows: _Optional[int] = ..., rate_rows_per_s: _Optional[int] = ..., parallel_bases: _Optional[int] = ...) -> None: ...
 
 class BuildSettings(_message.Message):
-    __slots__ = ("chunk_rows", "rate_rows_per_s")
+    __slots__ = ("chunk_rows", "rate_rows_per_s", "parallel_bases")
     CHUNK_ROWS_FIELD_NUMBER: _ClassVar[int]
     RATE_ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_BASES_FIELD_NUMBER: _ClassVar[int]
     chunk_rows: int
     rate_rows_per_s: int
-    def __init__(self, chunk_rows: _Optional[int] = ..., rate_rows_per_s: _Optional[int] = ...) -> None: ...
+    parallel_bases: int
+    def __init__(self, chunk_rows: _Optional[int] = ..., rate_rows_per_s: _Optional[int] = ..., parallel_bases: _Optional[int] = ...) -> None: ...
 
 class BalancerRequest(_message.Message):
     __slots__ = ("action",)

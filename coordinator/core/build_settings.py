@@ -18,16 +18,20 @@ DEFAULT_CHUNK_ROWS = 250_000
 MIN_CHUNK_ROWS = 100
 MAX_CHUNK_ROWS = 10_000_000
 MIN_RATE = 100  # rows per second per node
+DEFAULT_PARALLEL_BASES = 2
+MAX_PARALLEL_BASES = 16
 MAX_RATE = 1_000_000_000
 
 
 @dataclass(frozen=True)
 class BuildSettings:
-    """How the workers build: `chunk_rows`, the base rows a batch reads (and hands to Spark) at a time, and
-    `rate_rows_per_s`, the base rows each node's batches read per second at most (0: no limit)."""
+    """How the workers build: `chunk_rows`, the base rows a batch reads (and hands to Spark) at a time;
+    `rate_rows_per_s`, the base rows each node's batches read per second at most (0: no limit); and
+    `parallel_bases`, how many base tables' views are built at once (filled in creation order)."""
 
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     rate_rows_per_s: int = 0
+    parallel_bases: int = DEFAULT_PARALLEL_BASES
 
 
 def set_build_settings(state: Group0State, cmd: SetBuildSettings) -> BuildSettings:
@@ -43,6 +47,10 @@ def set_build_settings(state: Group0State, cmd: SetBuildSettings) -> BuildSettin
             raise InvalidArgument(f"a build rate is {MIN_RATE:,} to {MAX_RATE:,} rows per second (or off), not "
                                   f"{cmd.rate_rows_per_s:,}")
         settings = replace(settings, rate_rows_per_s=cmd.rate_rows_per_s)
+    if cmd.parallel_bases is not None:
+        if not 1 <= cmd.parallel_bases <= MAX_PARALLEL_BASES:
+            raise InvalidArgument(f"1 to {MAX_PARALLEL_BASES} base tables are built at once, not {cmd.parallel_bases}")
+        settings = replace(settings, parallel_bases=cmd.parallel_bases)
     state.build_settings = settings
     return settings
 

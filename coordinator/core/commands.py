@@ -200,11 +200,20 @@ class FinishViewBuildingTasks(LoopCommand):
 
 @dataclass(frozen=True, kw_only=True)
 class SetProcessingBase(LoopCommand):
-    """Set (or clear, with None) the base table whose views the loop builds now; the loop's first command
-    in a term, which also records that term."""
+    """Set (or clear, with None) the one base table whose views the loop builds now: the journal form of the
+    releases that built one base at a time (applied as `SetProcessingBases` of that base)."""
 
     op: ClassVar[str] = "set_processing_base"
     base_id: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetProcessingBases(LoopCommand):
+    """Set the base tables whose views the loop builds now, in the order they were chosen (none: nothing to
+    build); the loop's first command in a term, which also records that term."""
+
+    op: ClassVar[str] = "set_processing_bases"
+    base_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,6 +319,7 @@ class SetBuildSettings(Command):
     op: ClassVar[str] = "set_build_settings"
     chunk_rows: int | None = None  # the base rows a batch reads (and hands to Spark) at a time
     rate_rows_per_s: int | None = None  # the base rows each node's batches read per second, at most; 0: no limit
+    parallel_bases: int | None = None  # how many base tables' views are built at once
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,7 +400,8 @@ class RevokePermissions(Command):
 
 COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspace, CreateTable, AlterTable, CreateView,
                                        CreateIndex, DropView, DropTable, DropKeyspace, Noop,
-                                       FinishViewBuildingTasks, SetProcessingBase, StartTabletMigration,
+                                       FinishViewBuildingTasks, SetProcessingBase, SetProcessingBases,
+                                       StartTabletMigration,
                                        AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets,
                                        DecommissionNode, RemoveNode, SetBalancer, SetBuildSettings, RecordTaskProgress,
                                        SetViewPaused,

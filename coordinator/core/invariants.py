@@ -10,7 +10,7 @@ Each check raises AssertionError naming what contradicts what. They are the rule
 - tasks: of an existing base tablet and one of its views, on a current replica of the tablet; aborted exactly when
   that replica is being moved away; none on a replica an RF decrease removes; a node holding a task of a view has
   the view's build STARTED there, so a view with tasks left is not BUILT;
-- the processing base and the merge requests name existing base tables;
+- the processing bases (distinct) and the merge requests name existing base tables;
 - progress: a view's rows_done covers what its running tasks reported (`task_rows`); the build settings are in
   range; paused views exist.
 """
@@ -54,6 +54,7 @@ def check_progress(state: Group0State) -> None:
     settings = state.build_settings
     assert build_settings.MIN_CHUNK_ROWS <= settings.chunk_rows <= build_settings.MAX_CHUNK_ROWS, settings
     assert settings.rate_rows_per_s == 0 or settings.rate_rows_per_s >= build_settings.MIN_RATE, settings
+    assert 1 <= settings.parallel_bases <= build_settings.MAX_PARALLEL_BASES, settings
     for view_id in state.paused_views:
         assert view_id in state.tables and state.tables[view_id].view is not None, f"paused {view_id} is no view"
 
@@ -119,7 +120,8 @@ def check_building(state: Group0State) -> None:
         for tablet, replicas in enumerate(tablet_map.replicas):
             assert migrations.feeding_count(replicas, migrations.transition_of(state, table_id, tablet)) >= 1, \
                 f"tablet {tablet} of table {table_id} has no replica feeding its views"
-    base = state.processing_base
-    assert base is None or (base in state.tables and state.tables[base].view is None), \
-        f"processing base {base} is not an existing base table"
+    for base in state.processing_bases:
+        assert base in state.tables and state.tables[base].view is None, \
+            f"processing base {base} is not an existing base table"
+    assert len(set(state.processing_bases)) == len(state.processing_bases), state.processing_bases
     assert state.merge_requests <= set(state.tables), f"merge requested of unknown tables: {state.merge_requests}"

@@ -171,7 +171,8 @@ class LeaderLoop:
         self._next_flush: float | None = None
         self._retry = RetrySchedule(self.config.backoff)
         self._warnings = LogLimiter()
-        self._queues: tuple[tuple, planner.ReplicaQueues] | None = None  # ((index, base), replica queues then)
+        self._queues: tuple[tuple, planner.ReplicaQueues] | None = None  # ((index, bases), replica queues then)
+        self._last_base: dict[Replica, str] = {}  # the base of the batch last sent to each replica
         self._settled_at: int | None = None  # the applied index at which a flush last found nothing to settle
         self._proposals_held_until = 0.0  # after a refusal (not StaleTerm), no command is proposed before then
         self._out: list[Instruction] = []
@@ -293,22 +294,23 @@ class LeaderLoop:
     def _dispatch(self, state: Group0State) -> None:
         busy = frozenset(self.in_flight) | self._retry.waiting(self._now)
         plan = planner.plan_dispatch(state, self.term, busy, state.nodes.keys(), self.pending.keys(),
-                                     self._replica_queues(state))
+                                     self._replica_queues(state), self._last_base)
         for command in plan.commands:
             self._propose(command)
         if plan.commands:
-            return  # the batches follow once the processing-base command is applied
+            return  # the batches follow once the processing-bases command is applied
         for batch in plan.batches:
+            self._last_base[batch.replica] = state.tasks[batch.task_ids[0]].base_id
             self.in_flight[batch.replica] = batch
             self.counters.batches_sent += 1
             self._out.append(SendBatch(self.epoch, self.term, self._index, batch))
 
     def _replica_queues(self, state: Group0State) -> planner.ReplicaQueues:
-        """`replica_queues` of the processing base, once per applied index (the state may be newer than the
+        """`replica_queues` of the processing bases, once per applied index (the state may be newer than the
         index, never older: then the next one misses the cache)."""
-        key = (self._index, state.processing_base)
+        key = (self._index, state.processing_bases)
         if self._queues is None or self._queues[0] != key:
-            self._queues = (key, planner.replica_queues(state, state.processing_base))
+            self._queues = (key, planner.replica_queues(state, state.processing_bases))
         return self._queues[1]
 
     def _propose(self, command: Command) -> None:
@@ -326,6 +328,7 @@ class LeaderLoop:
         self._forget_calls()
         self._retry = RetrySchedule(self.config.backoff)
         self._queues = None
+        self._last_base = {}
         self._settled_at = None
         self._proposals_held_until = 0.0
 

@@ -3,12 +3,13 @@
 The leader loop's state machine (`coordinator/core/leader_loop.py`) asks these functions what to do; they read
 the group0 state and never change it.
 
-- `plan_dispatch(state, term, busy, live_nodes, finished, queues=None) -> Plan`, asked whenever the loop
-  handles events (a command applied, an RPC answered or failed, a backoff ran out): send every `SendBatch` as
-  `WorkOnViewBuildingTasks`, propose every command (not re-proposing one still in flight). `busy` holds
-  the replicas with a call in flight *or waiting out a retry backoff* (`RetrySchedule.waiting`). `queues`
-  are `replica_queues(state, state.processing_base)`: a function of the state alone, so the loop computes
-  them once per applied group0 index (one pass over the task table) and reuses them while only calls finish.
+- `plan_dispatch(state, term, busy, live_nodes, finished, queues=None, last_base=None) -> Plan`, asked whenever
+  the loop handles events (a command applied, an RPC answered or failed, a backoff ran out): send every
+  `SendBatch` as `WorkOnViewBuildingTasks`, propose every command (not re-proposing one still in flight). `busy`
+  holds the replicas with a call in flight *or waiting out a retry backoff* (`RetrySchedule.waiting`). `queues`
+  are `replica_queues(state, state.processing_bases)`: a function of the state alone, so the loop computes them
+  once per applied group0 index (one pass over the task table) and reuses them while only calls finish.
+  `last_base` is the loop's memory of the base each replica's last batch came from.
 - `plan_flush(state, term, finished) -> FinishViewBuildingTasks | None`, asked at most every flush interval
   (~200 ms) while finished ids wait: the one command removing the finished tasks the loop holds. The loop
   keeps only `pending_finished(...)` of them.
@@ -16,27 +17,30 @@ the group0 state and never change it.
 
 Commands come out with `cmd_id` None; the loop gives each a fresh id before proposing it.
 
-Processing base: one base table at a time, persisted in group0. When none is set, or the one set has no
-live task left (live: a non-aborted `build_range` task of a view whose build is not paused), the next one is the base of the oldest live task
-(group0's task table keeps creation order, so views are built in the order they were created). It is kept
-while it has live tasks, even if they all wait for dead nodes. The first command of a loop in a new term is
-`SetProcessingBase` (with the base it would choose anyway): it records the term, fencing older loops.
+Processing bases: up to the cluster's `parallel_bases` base tables at a time (2 by default; `vbc build config
+--parallel-bases N`), persisted in group0, so a small table's new index does not wait hours behind a big table's
+view. The bases kept are those that still have a live task (live: a non-aborted `build_range` task of a view whose
+build is not paused), in the order they were chosen; free places go to the bases of the oldest live tasks (group0's
+task table keeps creation order, so views are built in the order they were created). A base is kept while it has
+live tasks, even if they all wait for dead nodes. The first command of a loop in a new term is
+`SetProcessingBases` (with the bases it would choose anyway): it records the term, fencing older loops.
 
 A live task whose base replica feeds a view position that an RF increase has not added to the view yet waits
 (`migrations.view_replica_missing`): it is not sent until the view tablets have that replica.
 
-Batch of a replica: the live tasks of the processing base on that (node, shard), of its lowest tablet id,
-one per view (the smallest task id of each view), ids sorted; tasks the loop holds as finished are never
-sent again. Every alive replica that is not busy and has such tasks gets one batch, so every shard of every
-node works in parallel.
+Batch of a replica: the live tasks of one processing base on that (node, shard), of its lowest tablet id, one
+per view (the smallest task id of each view), ids sorted; tasks the loop holds as finished are never sent again.
+A replica's batches take the processing bases in turn (the one after the base of its last batch that has tasks
+there), so every base being built makes progress on a replica that holds several. Every alive replica that is not
+busy and has such tasks gets one batch, so every shard of every node works in parallel.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Set
+from collections.abc import Hashable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from .commands import Command, FinishViewBuildingTasks, SetProcessingBase
+from .commands import Command, FinishViewBuildingTasks, SetProcessingBases
 from .migrations import fewest_view_replicas, view_replica_missing
 from .schema import TASK_BUILD_RANGE, Replica, Task
 from .view_building import is_paused, unsettled_statuses
@@ -72,15 +76,36 @@ class Plan:
 
 
 def plan_dispatch(state: Group0State, term: int, busy: Set[Replica], live_nodes: Set[str],
-                  finished: Set[str], queues: ReplicaQueues | None = None) -> Plan:
-    """The batches to send and the processing-base command to propose, for a loop of Raft `term`."""
+                  finished: Set[str], queues: ReplicaQueues | None = None,
+                  last_base: Mapping[Replica, str] | None = None) -> Plan:
+    """The batches to send and the processing-bases command to propose, for a loop of Raft `term`. `last_base`:
+    the base of the batch last sent to each replica (the next one comes from the next base that has tasks there)."""
     if is_deposed(state, term):
         return Plan()
     if queues is None:
-        queues = replica_queues(state, state.processing_base)
+        queues = replica_queues(state, state.processing_bases)
     idle = [r for r in sorted(queues) if r not in busy and r.node in live_nodes]
-    batches = tuple(SendBatch(r.node, r.shard, ids) for r in idle if (ids := next_batch(queues[r], finished)))
+    batches = tuple(SendBatch(r.node, r.shard, ids) for r in idle
+                    if (ids := _next_batch_of(queues[r], state.processing_bases, (last_base or {}).get(r), finished)))
     return Plan(batches=batches, commands=_processing_base_commands(state, term))
+
+
+def _next_batch_of(queues: Mapping[str, tuple[Task, ...]], bases: Sequence[str], last: str | None,
+                   finished: Set[str]) -> tuple[str, ...]:
+    """The next batch of a replica: from the first base after `last` (in `bases` order, round) that has one."""
+    for base in rotated(bases, last):
+        ids = next_batch(queues.get(base, ()), finished)
+        if ids:
+            return ids
+    return ()
+
+
+def rotated(bases: Sequence[str], last: str | None) -> list[str]:
+    """`bases` starting after `last` (all of them in order when `last` is not among them)."""
+    if last not in bases:
+        return list(bases)
+    after = list(bases).index(last) + 1
+    return list(bases[after:]) + list(bases[:after])
 
 
 def plan_flush(state: Group0State, term: int, finished: Set[str],
@@ -124,38 +149,43 @@ def has_live_tasks(state: Group0State, base_id: str | None) -> bool:
     return base_id is not None and any(t.base_id == base_id and is_sendable(state, t) for t in state.tasks.values())
 
 
-def choose_processing_base(state: Group0State) -> str | None:
-    """The current base while it has live tasks, else the base of the oldest live task (None: nothing to build);
-    tasks of paused views do not count, so a paused view holds no other table back."""
-    if has_live_tasks(state, state.processing_base):
-        return state.processing_base
-    return next((t.base_id for t in state.tasks.values() if is_sendable(state, t)), None)
+def choose_processing_bases(state: Group0State) -> tuple[str, ...]:
+    """The bases being built that still have live tasks, then the bases of the oldest live tasks, up to the
+    cluster's `parallel_bases`; tasks of paused views do not count, so a paused view holds no other table back."""
+    limit = state.build_settings.parallel_bases
+    chosen = [b for b in state.processing_bases if has_live_tasks(state, b)][:limit]
+    for task in state.tasks.values():
+        if len(chosen) >= limit:
+            break
+        if task.base_id not in chosen and is_sendable(state, task):
+            chosen.append(task.base_id)
+    return tuple(chosen)
 
 
 def _processing_base_commands(state: Group0State, term: int) -> tuple[Command, ...]:
-    wanted = choose_processing_base(state)
-    if wanted == state.processing_base and state.view_building_term >= term:
+    wanted = choose_processing_bases(state)
+    if wanted == state.processing_bases and state.view_building_term >= term:
         return ()
-    return (SetProcessingBase(term=term, base_id=wanted, cmd_id=None),)
+    return (SetProcessingBases(term=term, base_ids=wanted, cmd_id=None),)
 
 
 # -------------------------------------------------------------------- batches
 
 
-ReplicaQueues = Mapping[Replica, tuple[Task, ...]]
+ReplicaQueues = Mapping[Replica, Mapping[str, tuple[Task, ...]]]
 
 
-def replica_queues(state: Group0State, base_id: str | None) -> dict[Replica, tuple[Task, ...]]:
-    """Every replica's live tasks of `base_id` in dispatch order: by tablet id, then task id."""
-    by_replica: dict[Replica, list[Task]] = {}
-    if base_id is not None:
-        fewest = {view.id: fewest_view_replicas(state, view.id) for view in state.views_of(base_id)
-                  if view.id in state.tablets}
-        for task in state.tasks.values():
-            if task.base_id == base_id and is_sendable(state, task) and \
-                    view_replica_missing(state, task, fewest) is None:
-                by_replica.setdefault(task.replica, []).append(task)
-    return {replica: tuple(sorted(tasks, key=lambda t: (t.tablet_id, t.id))) for replica, tasks in by_replica.items()}
+def replica_queues(state: Group0State, base_ids: Sequence[str]) -> dict[Replica, dict[str, tuple[Task, ...]]]:
+    """Every replica's live tasks of each base in `base_ids`, in dispatch order: by tablet id, then task id."""
+    by_replica: dict[Replica, dict[str, list[Task]]] = {}
+    fewest = {view.id: fewest_view_replicas(state, view.id) for base_id in base_ids
+              for view in state.views_of(base_id) if view.id in state.tablets}
+    for task in state.tasks.values():
+        if task.base_id in base_ids and is_sendable(state, task) and \
+                view_replica_missing(state, task, fewest) is None:
+            by_replica.setdefault(task.replica, {}).setdefault(task.base_id, []).append(task)
+    return {replica: {base: tuple(sorted(tasks, key=lambda t: (t.tablet_id, t.id))) for base, tasks in queues.items()}
+            for replica, queues in by_replica.items()}
 
 
 def next_batch(queue: Iterable[Task], finished: Set[str] = frozenset()) -> tuple[str, ...]:

@@ -48,6 +48,7 @@ from .commands import (
     RecordTaskProgress,
     SetViewPaused,
     SetProcessingBase,
+    SetProcessingBases,
     SplitTablets,
     StartTabletMigration,
     cmd_id_of,
@@ -82,7 +83,7 @@ class Group0State:
         self.tasks: dict[str, Task] = {}
         self.build_status: dict[tuple[str, str], str] = {}
         self.tasks_created: dict[str, int] = {}
-        self.processing_base: str | None = None
+        self.processing_bases: tuple[str, ...] = ()  # the base tables whose views are built now, in order chosen
         self.rows_done: dict[str, int] = {}  # view id -> base rows scanned by its tasks' batches (never lowered)
         self.task_rows: dict[str, int] = {}  # running task id -> the base rows its batch reported scanned so far
         self.paused_views: set[str] = set()  # views whose build is paused (`vbc view pause`)
@@ -104,8 +105,13 @@ class Group0State:
         self._recent: OrderedDict[str, Outcome] = OrderedDict()
 
     def __setstate__(self, saved: dict) -> None:
-        """Restore a snapshot, giving fields added since it was written their empty value."""
+        """Restore a snapshot, giving fields added since it was written their empty value (and the one processing
+        base of older releases as a set of one)."""
         self.__init__()
+        if "processing_base" in saved:
+            saved = dict(saved)
+            base = saved.pop("processing_base")
+            saved.setdefault("processing_bases", (base,) if base else ())
         self.__dict__.update(saved)
 
     # ----------------------------------------------------------------- apply
@@ -209,6 +215,7 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     Noop: _noop,
     FinishViewBuildingTasks: view_building.finish_tasks,
     SetProcessingBase: view_building.set_processing_base,
+    SetProcessingBases: view_building.set_processing_bases,
     StartTabletMigration: migrations.start_migration,
     AdvanceTabletMigration: migrations.advance_migration,
     SplitTablets: resize.split_tablets,

@@ -1,8 +1,8 @@
 """View building: one build task per base tablet replica of a new view, and each node's build status per view.
 
-Owns the `tasks`, `build_status`, `tasks_created`, `rows_done`, `task_rows`, `paused_views`, `processing_base` and
+Owns the `tasks`, `build_status`, `tasks_created`, `rows_done`, `task_rows`, `paused_views`, `processing_bases` and
 `_view_building_term` fields of Group0State. The leader's loop changes them only through commands carrying its Raft
-term (`FinishViewBuildingTasks`, `SetProcessingBase`); one from a term older than the newest seen is refused. A
+term (`FinishViewBuildingTasks`, `SetProcessingBases`); one from a term older than the newest seen is refused. A
 worker reports the rows its running batches scanned, chunk by chunk (`RecordTaskProgress`): a view's `rows_done`
 moves with them and never goes down (the rows of a batch that a move aborted stay counted; its successor's count
 again).
@@ -13,7 +13,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .commands import FinishViewBuildingTasks, RecordTaskProgress, SetProcessingBase, SetViewPaused
+from .commands import (
+    FinishViewBuildingTasks,
+    RecordTaskProgress,
+    SetProcessingBase,
+    SetProcessingBases,
+    SetViewPaused,
+)
 from .errors import InvalidArgument, NotFound, StaleTerm
 from .ids import derived_id
 from .schema import BUILD_STARTED, BUILD_SUCCESS, TASK_BUILD_RANGE, Replica, Table, Task
@@ -245,8 +251,7 @@ def forget_table(state: Group0State, table_id: str) -> None:
             del state.tasks[task.id]
     for key in [k for k in state.build_status if k[0] == table_id]:
         del state.build_status[key]
-    if state.processing_base == table_id:
-        state.processing_base = None
+    state.processing_bases = tuple(b for b in state.processing_bases if b != table_id)
 
 
 def tasks_of_view(state: Group0State, view_id: str) -> Iterator[Task]:
@@ -335,15 +340,24 @@ def _forget_rows_of_gone_tasks(state: Group0State) -> None:
 
 
 def set_processing_base(state: Group0State, cmd: SetProcessingBase) -> str | None:
-    """Set or clear the base table being built; NOT_FOUND if it is not an existing base table."""
-    check_loop_term(state, cmd.term)
-    if cmd.base_id is not None:
-        table = state.tables.get(cmd.base_id)
-        if table is None or table.view is not None:
-            raise NotFound(f"base table {cmd.base_id} does not exist")
-    state.processing_base = cmd.base_id
-    _record_loop_term(state, cmd.term)
+    """The one processing base of older releases' journals: as `set_processing_bases` of it (or of none)."""
+    bases = () if cmd.base_id is None else (cmd.base_id,)
+    set_processing_bases(state, SetProcessingBases(term=cmd.term, base_ids=bases, cmd_id=cmd.cmd_id))
     return cmd.base_id
+
+
+def set_processing_bases(state: Group0State, cmd: SetProcessingBases) -> tuple[str, ...]:
+    """Set the base tables being built; NOT_FOUND if one is not an existing base table."""
+    check_loop_term(state, cmd.term)
+    for base_id in cmd.base_ids:
+        table = state.tables.get(base_id)
+        if table is None or table.view is not None:
+            raise NotFound(f"base table {base_id} does not exist")
+    if len(set(cmd.base_ids)) != len(cmd.base_ids):
+        raise InvalidArgument(f"a base table is named twice among the processing bases {cmd.base_ids}")
+    state.processing_bases = tuple(cmd.base_ids)
+    _record_loop_term(state, cmd.term)
+    return state.processing_bases
 
 
 def check_loop_term(state: Group0State, term: int) -> None:

@@ -25,6 +25,8 @@ def add_build_parser(commands, target: argparse.ArgumentParser) -> None:
     config.add_argument("--rate", type=rate, default=None, metavar="ROWS_PER_S|off",
                         help="base rows each node's batches read per second at most, changeable while builds run "
                              "(default off)")
+    config.add_argument("--parallel-bases", type=positive_int, default=0, metavar="N",
+                        help="how many base tables' views are built at once, in creation order (default 2)")
     config.add_argument("--json", action="store_true")
 
 
@@ -46,12 +48,13 @@ def rate(text: str) -> int:
 
 
 def cmd_build_config(args: argparse.Namespace) -> int:
-    settings = client.build_config(target_addresses(args), chunk_rows=args.chunk_rows, rate_rows_per_s=args.rate)
+    settings = client.build_config(target_addresses(args), chunk_rows=args.chunk_rows, rate_rows_per_s=args.rate,
+                                   parallel_bases=args.parallel_bases)
     if args.json:
         print(json_line(settings))
         return 0
     limit = f"{settings['rate_rows_per_s']:,} rows/s per node" if settings["rate_rows_per_s"] else "off"
-    print(f"chunk rows: {settings['chunk_rows']:,}\nrate limit: {limit}")
+    print(f"chunk rows: {settings['chunk_rows']:,}\nrate limit: {limit}\nparallel bases: {settings['parallel_bases']}")
     return 0
 
 
