@@ -106,9 +106,16 @@ class NodeConfig:
     spark_master: str = field(default_factory=default_master)
     spark_memory: str = "1g"
     spark_java_options: str = DEFAULT_JAVA_OPTIONS
+    spark_driver_host: str | None = None  # where a Spark cluster's executors reach the driver (default: the gRPC host)
+    spark_remote: str | None = None  # a Spark Connect server (sc://HOST:PORT) instead of a driver JVM of the node's
     limits: Limits = field(default_factory=Limits)
     enable_injections: bool = False  # Admin.Inject may switch fault injection points on (tests, local clusters)
     spark_prestart: bool = True  # start and warm up Spark in the background at start (else at the first batch)
+
+
+def host_of(address: str) -> str:
+    """The host of HOST:PORT (an IPv6 host without its brackets)."""
+    return address.rsplit(":", 1)[0].strip("[]")
 
 
 class Node:
@@ -154,8 +161,9 @@ class Node:
         self._transport = transport
         self.endpoint = InternodeEndpoint(self.node_id, self.local, self.local_status, transport, self.peers)
         self.spark = NodeSpark(SparkConfig(master=config.spark_master, driver_memory=config.spark_memory,
-                                           java_options=config.spark_java_options,
-                                           data_dir=str(self.data_dir)))
+                                           java_options=config.spark_java_options, data_dir=str(self.data_dir),
+                                           driver_host=config.spark_driver_host or host_of(config.grpc_addr),
+                                           remote=config.spark_remote))
         self.ledger = FinishedTaskLedger.for_data_dir(self.data_dir)
         self.build_job = BuildJob(self.node_id, self.store, self.spark, self.group0.read,
                                   lambda version: self.wait_schema_applied(version, SCHEMA_WAIT_TIMEOUT),

@@ -9,7 +9,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 try:
     import vbc  # noqa: F401
@@ -56,7 +56,7 @@ class LocalCluster:
     def __init__(self, nodes: int = 3, data_dir: str | Path | None = None, shards: int = 1,
                  storage_url: str | None = None, start_timeout: float = START_TIMEOUT,
                  launcher: list[str] | None = None, injections: bool = True, spark_prestart: bool = True,
-                 secure: bool = False, root_password: str | None = None):
+                 secure: bool = False, root_password: str | None = None, spark_options: Sequence[str] = ()):
         self.size = nodes
         self.root_password = root_password  # root's password in a secure cluster (else a random one)
         self.launcher = launcher  # command prefix instead of `python -m vbc` (offline tests use a fake node)
@@ -64,6 +64,7 @@ class LocalCluster:
         self.spark_prestart = spark_prestart  # False: nodes run with --no-spark-prestart
         self.secure = secure  # mutual TLS (DATA_DIR/credentials); else --insecure, for tests not about security
         self.shards = shards
+        self.spark_options = list(spark_options)  # `vbc node start` Spark options of every node
         self.storage_url = storage_url
         self.start_timeout = start_timeout
         self._own_dir = data_dir is None
@@ -90,7 +91,7 @@ class LocalCluster:
                 self.data_dir, nodes=self.size, shards=self.shards, storage_url=self.storage_url,
                 timeout=self.start_timeout, launcher=self.launcher, die_with_parent=True, spawn=self._spawn,
                 injections=self.injections, spark_prestart=self.spark_prestart, insecure=not self.secure,
-                root_password=self.root_password)
+                root_password=self.root_password, spark_options=self.spark_options)
         except BaseException as error:
             self._closed = True
             self._stop_all()

@@ -459,6 +459,21 @@ def test_a_local_cluster_without_injections_starts_its_nodes_without_the_flag(tm
                                               "--no-injections"]).injections
 
 
+def test_the_spark_options_of_cluster_up_go_to_every_node_and_to_nodes_added_later(tmp_path):
+    from vbc.cli.cluster import spark_options
+    args = build_parser().parse_args(["cluster", "up", "--nodes", "2", "--data-dir", str(tmp_path),
+                                      "--spark-master", "spark://10.0.0.9:7077", "--spark-driver-host", "10.0.0.5"])
+    options = spark_options(args)
+    assert options == ["--spark-master", "spark://10.0.0.9:7077", "--spark-driver-host", "10.0.0.5"]
+    description = cluster_mod.new_cluster(tmp_path, 2, spark_options=options)
+    started = [build_parser().parse_args(n["command"][3:]) for n in description["nodes"]]
+    assert {(a.spark_master, a.spark_driver_host) for a in started} == {("spark://10.0.0.9:7077", "10.0.0.5")}
+    assert description["spark_options"] == options  # cluster.json: `vbc cluster add-node` gives them too
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["node", "start", "--id", "n1", "--data-dir", "d", "--grpc", "h:1", "--raft",
+                                   "h:2", "--spark-remote", "http://h:15002"])
+
+
 def test_a_local_cluster_without_spark_prestart_records_the_flag_in_its_commands(tmp_path):
     nodes = cluster_mod.new_cluster(tmp_path, 2, spark_prestart=False)["nodes"]
     assert all(not build_parser().parse_args(n["command"][3:]).spark_prestart for n in nodes)

@@ -406,6 +406,16 @@ def test_spark_conf_takes_the_configured_java_options(tmp_path):
     assert plain["spark.driver.extraJavaOptions"] == f"-Dlog4j2.configurationFile={(tmp_path / 'log4j2.properties').as_uri()}"
 
 
+def test_the_driver_binds_loopback_with_a_local_master_and_its_given_host_for_a_cluster(tmp_path):
+    log4j = tmp_path / "log4j2.properties"
+    local = spark_conf(SparkConfig(master="local[2]", driver_host="10.0.0.5"), log4j)
+    assert local["spark.driver.host"] == local["spark.driver.bindAddress"] == "127.0.0.1"
+    remote = spark_conf(SparkConfig(master="spark://10.0.0.9:7077", driver_host="10.0.0.5"), log4j)
+    assert remote["spark.driver.host"] == remote["spark.driver.bindAddress"] == "10.0.0.5"
+    assert not SparkConfig(master="local[1]", remote="sc://h:15002").is_local
+    assert NodeSpark(SparkConfig(master="spark://h:7077", data_dir=str(tmp_path))).scratch_dir() is None
+
+
 def test_jvm_output_becomes_log_records(caplog):
     stream = io.BytesIO(b"note from the launcher\nWARN TaskSetManager: lost task\nERROR Executor: boom\n"
                         b"\tat org.apache.Foo(Foo.java:1)\n\nINFO SparkContext: hello\n")

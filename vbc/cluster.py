@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import grpc
 
@@ -162,9 +162,10 @@ def peers_argument(node: dict, nodes: Iterable[dict]) -> str:
 
 def node_command(node: dict, nodes: list[dict], shards: int, storage_url: str | None, launcher: list[str],
                  injections: bool = True, spark_prestart: bool = True, secret_file: Path | None = None,
-                 insecure: bool = False) -> list[str]:
+                 insecure: bool = False, spark_options: Sequence[str] = ()) -> list[str]:
     command = [*launcher, "node", "start", "--id", node["id"], "--data-dir", node["data_dir"],
-               "--grpc", node["grpc"], "--raft", node["raft"], "--client-addr", node["client"], "--shards", str(shards)]
+               "--grpc", node["grpc"], "--raft", node["raft"], "--client-addr", node["client"], "--shards", str(shards),
+               *spark_options]
     peers = peers_argument(node, nodes)
     if peers:
         command += ["--peers", peers]
@@ -243,8 +244,9 @@ def with_spark_prestart(command: list[str], spark_prestart: bool) -> list[str]:
 
 def new_cluster(data_dir: Path, count: int, shards: int = 1, base_port: int | None = None,
                 storage_url: str | None = None, launcher: list[str] | None = None, injections: bool = True,
-                spark_prestart: bool = True, insecure: bool = False) -> dict:
-    """A cluster description (what cluster.json holds) for `count` fresh nodes; nothing is started."""
+                spark_prestart: bool = True, insecure: bool = False, spark_options: Sequence[str] = ()) -> dict:
+    """A cluster description (what cluster.json holds) for `count` fresh nodes; nothing is started. `spark_options`:
+    `vbc node start` options every node gets (`--spark-master URL`, `--spark-memory SIZE`, ...)."""
     if count < 1:
         raise ClusterError("a cluster needs at least one node")
     if shards < 1:
@@ -257,8 +259,8 @@ def new_cluster(data_dir: Path, count: int, shards: int = 1, base_port: int | No
     nodes = node_layout(data_dir, count, base_port)
     for node in nodes:
         node["command"] = node_command(node, nodes, shards, storage_url, launcher or default_launcher(), injections,
-                                       spark_prestart, ensure_raft_secret(data_dir), insecure)
-    return {"host": HOST, "shards": shards, "storage_url": storage_url,
+                                       spark_prestart, ensure_raft_secret(data_dir), insecure, spark_options)
+    return {"host": HOST, "shards": shards, "storage_url": storage_url, "spark_options": list(spark_options),
             "base_port": int(nodes[0]["grpc"].rsplit(":", 1)[1]), "nodes": nodes}
 
 
@@ -595,7 +597,7 @@ def start_cluster(data_dir: Path | str, nodes: int = 3, shards: int = 1, base_po
                   storage_url: str | None = None, timeout: float = START_TIMEOUT, launcher: list[str] | None = None,
                   die_with_parent: bool = False, progress: ProgressFn | None = None,
                   spawn: SpawnFn | None = None, injections: bool = True, spark_prestart: bool = True,
-                  insecure: bool = False, root_password: str | None = None) -> dict:
+                  insecure: bool = False, root_password: str | None = None, spark_options: Sequence[str] = ()) -> dict:
     """Start (or restart, when DIR has a cluster.json) a cluster and wait for every node and a leader.
 
     The nodes serve mutual TLS with certificates made here (`prepare_credentials`: DIR/credentials holds the CA and
@@ -606,7 +608,7 @@ def start_cluster(data_dir: Path | str, nodes: int = 3, shards: int = 1, base_po
     node is stopped and ClusterError/ClusterStartError is raised. `spawn` replaces spawn_node (e.g. to
     record pids or spawn from a given thread). The nodes run with --enable-injections unless `injections`
     is False, and with --no-spark-prestart when `spark_prestart` is False (a restarted cluster's recorded
-    commands are changed to match).
+    commands are changed to match); a new cluster's nodes get `spark_options` (see `new_cluster`).
     """
     spawn = spawn or spawn_node
     data_dir = Path(data_dir).resolve()
@@ -616,7 +618,7 @@ def start_cluster(data_dir: Path | str, nodes: int = 3, shards: int = 1, base_po
             cluster = reuse_cluster(data_dir, nodes, shards, base_port, injections, spark_prestart, insecure)
         else:
             cluster = new_cluster(data_dir, nodes, shards, base_port, storage_url, launcher, injections, spark_prestart,
-                                  insecure)
+                                  insecure, spark_options)
         if not insecure:
             prepare_credentials(data_dir, cluster["nodes"])
         client.use_cluster_credentials(data_dir, [node["grpc"] for node in cluster["nodes"]])
@@ -728,7 +730,7 @@ def add_node(data_dir: Path | str, shards: int | None = None, timeout: float = S
         launcher = template[:template.index("node")]
         node["command"] = [*launcher, "node", "start", "--id", node["id"], "--data-dir", node["data_dir"],
                            "--grpc", node["grpc"], "--raft", node["raft"], "--client-addr", node["client"],
-                           "--shards", str(shards or cluster.get("shards", 1)),
+                           "--shards", str(shards or cluster.get("shards", 1)), *cluster.get("spark_options", ()),
                            "--join", ",".join(n["grpc"] for n in cluster["nodes"])]
         if cluster.get("storage_url"):
             node["command"] += ["--storage-url", cluster["storage_url"].replace(NODE_PLACEHOLDER, node["id"])]

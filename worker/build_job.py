@@ -285,7 +285,7 @@ class BuildJob:
                 spark, merge = self._build(plan, frame if rows else None, control, repair)
                 self.stats.add(spark_seconds=spark, merge_seconds=merge)
                 whole = (first, last) == (plan.first_token, plan.last_token)
-                log.info("batch %d: %s tablet %d%s, %d rows for %d view(s): read %.2fs, spark job %.2fs, merge %.2fs",
+                log.info("batch %d: %s tablet %d%s, %d rows for %d view(s): read %.2fs, spark %.2fs, merge %.2fs",
                          start.batch_id, plan.base.qualified_name, plan.tablet_id,
                          "" if whole else f" chunk {first}..{last}", rows, len(plan.views), read, spark, merge)
         return rows

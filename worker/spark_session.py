@@ -75,6 +75,13 @@ class SparkConfig:
     java_options: str = DEFAULT_JAVA_OPTIONS
     extra: tuple[tuple[str, str], ...] = ()
     class_cache: str | None = None  # the class-data archive's directory, "off", or None: VBC_SPARK_CLASS_CACHE/default
+    driver_host: str = "127.0.0.1"  # where a cluster's executors reach the driver (it binds there too)
+    remote: str | None = None  # a Spark Connect server (sc://HOST:PORT): no JVM in the node, `master` unused
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the jobs run in this node's own JVM (a local master), whose disk they share."""
+        return self.remote is None and self.master.startswith("local")
 
     @property
     def spark_dir(self) -> Path | None:
@@ -87,6 +94,17 @@ class SparkConfig:
     def log_dir(self) -> Path | None:
         """Where the JVM's log configuration (and event logs, if enabled) go."""
         return None if self.spark_dir is None else self.spark_dir / "logs"
+
+
+def driver_host(config: SparkConfig) -> str:
+    """Where the driver binds and executors reach it: loopback with a local master, else `config.driver_host`."""
+    return "127.0.0.1" if config.is_local else config.driver_host
+
+
+# The settings of a session through Spark Connect: the session's own SQL settings of `spark_conf` (the server's
+# JVM has its own memory, master and logs).
+CONNECT_SETTINGS = ("spark.sql.execution.arrow.maxRecordsPerBatch", "spark.sql.shuffle.partitions",
+                    "spark.sql.session.timeZone", "spark.sql.caseSensitive")
 
 
 def spark_conf(config: SparkConfig, log4j_file: Path, class_cache_option: str = "") -> dict[str, str]:
@@ -106,8 +124,7 @@ def spark_conf(config: SparkConfig, log4j_file: Path, class_cache_option: str = 
             option for option in (f"-Dlog4j2.configurationFile={log4j_file.as_uri()}", config.java_options,
                                   class_cache_option) if option),
     }
-    if config.master.startswith("local"):
-        conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+    conf.update({"spark.driver.host": driver_host(config), "spark.driver.bindAddress": driver_host(config)})
     if config.spark_dir is not None:
         conf.update({"spark.local.dir": str(config.local_dir()),
                      "spark.sql.warehouse.dir": str(config.spark_dir / "warehouse")})
@@ -182,13 +199,15 @@ class _Jvm:
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
+        if config.remote is not None:
+            return self._connect(config)
         started = time.monotonic()
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("SPARK_LOCAL_IP", driver_host(config))
         logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every gateway connection at INFO
         launching = SparkContext._gateway is None
         self.java_options = config.java_options
         self.class_cache = ClassCache.for_jvm(cache_directory(config.class_cache), config.java_options) \
-            if launching and config.master.startswith("local") else None
+            if launching and config.is_local else None
         cache_option = self.class_cache.java_options() if self.class_cache else ""
         conf = SparkConf(loadDefaults=False).setAll(
             list(spark_conf(config, _write_log4j_config(config), cache_option).items()))
@@ -200,6 +219,20 @@ class _Jvm:
         session = SparkSession.builder.config(conf=conf).getOrCreate()
         log.info("spark session started (master %s, driver memory %s) in %.1f s",
                  config.master, config.driver_memory, time.monotonic() - started)
+        return session
+
+    def _connect(self, config: SparkConfig):
+        """A session of the Spark Connect server `config.remote`: no JVM starts here."""
+        from pyspark.sql import SparkSession
+
+        started = time.monotonic()
+        settings = spark_conf(config, Path(os.devnull))
+        builder = SparkSession.builder.remote(config.remote)
+        for name in CONNECT_SETTINGS:
+            builder = builder.config(name, settings[name])
+        session = builder.getOrCreate()
+        self.owns_context = True
+        log.info("spark connect session to %s started in %.1f s", config.remote, time.monotonic() - started)
         return session
 
     def make_class_archive(self, stopping: threading.Event) -> bool:
@@ -417,7 +450,7 @@ class NodeSpark:
     def scratch_dir(self) -> Path | None:
         """Where Arrow tables are staged as Parquet files for Spark to read: the node's Spark scratch space when
         the master is local (a remote cluster's executors could not see the file), else None."""
-        if not self.config.master.startswith("local") or self.config.local_dir() is None:
+        if not self.config.is_local or self.config.local_dir() is None:
             return None
         directory = self.config.local_dir() / "frames"
         with self._lock:

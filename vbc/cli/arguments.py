@@ -116,3 +116,10 @@ def target_options() -> argparse.ArgumentParser:
                         help="log in as this role by password ($VBC_PASSWORD, else asked on the terminal), through "
                              "the nodes' client ports; ca.crt of --credentials or DIR/credentials verifies the nodes")
     return parent
+
+
+def spark_connect_url(text: str) -> str:
+    """A Spark Connect server's URL: sc://HOST:PORT (with optional /;parameters)."""
+    if not text.startswith("sc://") or not text[len("sc://"):].split("/")[0]:
+        raise argparse.ArgumentTypeError(f"expected a Spark Connect URL sc://HOST:PORT, got {text!r}")
+    return text

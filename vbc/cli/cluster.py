@@ -50,6 +50,25 @@ def add_cluster_up_parser(cluster_commands) -> None:
                     help="the password of the superuser root (its first line), set at the cluster's first start; "
                          "by default a random one, written to DIR/credentials/root.password (mode 0600)")
     up.add_argument("--timeout", type=positive_float, default=cluster_mod.START_TIMEOUT, metavar="S")
+    for option, metavar, text in SPARK_OPTIONS:
+        up.add_argument(option, metavar=metavar, help=f"every node's {option} (see `vbc node start --help`): {text}")
+
+
+SPARK_OPTIONS = (("--spark-master", "URL", "where view building jobs run, e.g. spark://HOST:7077"),
+                 ("--spark-remote", "sc://HOST:PORT", "a Spark Connect server that runs the jobs instead"),
+                 ("--spark-memory", "SIZE", "the memory of each node's Spark driver JVM"),
+                 ("--spark-driver-host", "HOST", "where the Spark cluster's executors reach each node's driver"),
+                 ("--spark-java-options", "OPTIONS", "the JVM options of each node's Spark driver"))
+
+
+def spark_options(args: argparse.Namespace) -> list[str]:
+    """The Spark options given to `vbc cluster up`, as `vbc node start` arguments."""
+    given = []
+    for option, _, _ in SPARK_OPTIONS:
+        value = getattr(args, option.removeprefix("--").replace("-", "_"))
+        if value is not None:
+            given += [option, value]
+    return given
 
 
 def add_cluster_node_parsers(cluster_commands) -> None:
@@ -107,6 +126,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
                 args.data_dir, nodes=args.nodes, shards=args.shards, base_port=args.base_port,
                 storage_url=args.storage_url, timeout=args.timeout, injections=args.injections,
                 spark_prestart=args.spark_prestart, insecure=args.insecure, root_password=root_password,
+                spark_options=spark_options(args),
                 progress=lambda message: spinner.update(f"starting: {message}"),
             )
     except cluster_mod.ClusterStartError as exc:

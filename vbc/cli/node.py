@@ -12,7 +12,7 @@ from common.processes import end_with_parent
 from vbc import client
 from vbc import cluster as cluster_mod
 from vbc.cli.arguments import (absolute_path, add_command, add_command_group, host_port, parse_peers,
-                               positive_float, positive_int, storage_url, target_options)
+                               positive_float, positive_int, spark_connect_url, storage_url, target_options)
 from vbc.cli.common import UsageError, target_addresses
 
 
@@ -42,6 +42,12 @@ def add_node_start_parser(node_commands) -> None:
                        help="Spark master for view building jobs (default local[N], N = CPUs; e.g. spark://host:7077)")
     start.add_argument("--spark-memory", default="1g", metavar="SIZE",
                        help="memory of the node's Spark driver JVM (spark.driver.memory; default 1g)")
+    start.add_argument("--spark-remote", type=spark_connect_url, metavar="sc://HOST:PORT",
+                       help="run view building jobs through this Spark Connect server instead (the node then starts no "
+                            "JVM of its own)")
+    start.add_argument("--spark-driver-host", metavar="HOST",
+                       help="the address a Spark cluster's executors reach this node's driver at, which it binds "
+                            "(default: the host of --grpc; local masters always use 127.0.0.1)")
     start.add_argument("--max-statement-bytes", type=positive_int, metavar="N",
                        help="longest statement text accepted, in UTF-8 bytes (default 4 MiB)")
     start.add_argument("--max-value-bytes", type=positive_int, metavar="N",
@@ -102,6 +108,9 @@ def node_limits(args: argparse.Namespace):
 def cmd_node_start(args: argparse.Namespace) -> int:
     if args.id in args.peers:
         raise UsageError(f"--peers lists the node itself ({args.id})")
+    if args.spark_master and args.spark_remote:
+        raise UsageError("--spark-master and --spark-remote are alternatives: the jobs run in a driver of this node's, "
+                         "or through a Spark Connect server")
     addresses = [args.grpc, args.raft] + ([args.client_addr] if args.client_addr else [])
     addresses += [a for peer in args.peers.values() for a in peer]
     if len(set(addresses)) != len(addresses):
@@ -142,6 +151,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
                         metrics_addr=args.metrics, metrics_tls=args.metrics_tls, spark_memory=args.spark_memory,
                         limits=node_limits(args), enable_injections=args.enable_injections,
                         spark_prestart=args.spark_prestart,
+                        spark_driver_host=args.spark_driver_host, spark_remote=args.spark_remote,
                         **({"spark_master": args.spark_master} if args.spark_master else {}),
                         **({"spark_java_options": args.spark_java_options}
                            if args.spark_java_options is not None else {}))
