@@ -133,11 +133,13 @@ def user_path(tmp: Path, name: str, nodes: int, rows_file: Path, shards: int, se
         vbc("wait-built", *target, "b.mv", "--timeout", str(BUILD_TIMEOUT))
         seconds = time.perf_counter() - build_started
         status = json.loads(vbc("status", *target, "--json"))
+        memory = peak_memory(cluster_mod.load_cluster(data_dir)["nodes"][0]["pid"])
     finally:
         cluster_mod.stop_cluster(data_dir)
     view = next(v for v in status["views"] if v["name"] == "b.mv")
     return {"seconds": seconds, "load_seconds": loaded, "rows_done": view["rows_done"], "archived": archived,
-            "tasks": view["tasks_total"], "phases": phases(status), "batches": batch_lines(data_dir)}
+            "tasks": view["tasks_total"], "phases": phases(status), "batches": batch_lines(data_dir),
+            "memory": memory}
 
 
 def class_archive_present() -> bool:

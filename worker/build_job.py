@@ -246,9 +246,9 @@ class BuildJob:
             scanned += rows
             live = [t.id for t in control.live_tasks()]
             checkpoints = after_chunk(checkpoints, live, plan.first_token, last, rows)
-            if last < plan.last_token:
+            if last < plan.last_token:  # the last chunk's rows go with the tasks' finish
                 chunking.checkpoints.record_progress({t: checkpoints[t] for t in live})
-            self._report(chunking, {t: checkpoints[t].rows_scanned for t in live})
+                self._report(chunking, {t: checkpoints[t].rows_scanned for t in live})
             self._injections.hit("worker_pause_after_chunk")
             if last == plan.last_token:
                 per_task = {t: checkpoint_of(checkpoints, t, plan.first_token).rows_scanned for t in task_ids}
