@@ -168,7 +168,7 @@ def test_a_chunked_batch_builds_the_same_view_one_spark_job_per_chunk_and_resume
     done = jobs["n1"](StartBatch(1, task.replica.shard, 1, (task,)), BatchControl({task.id: task}))
     rest = stores["n1"].count(schema.table_id, middle, last)
     assert done.scanned == rest < tablet_rows and done.per_task == {task.id: 1234 + rest}
-    assert jobs["n1"].stats.spark_jobs >= rest // 20 and reported[task.id] == 1234 + rest
+    assert jobs["n1"].stats.spark_jobs >= rest // 20 and 1234 < reported[task.id] < 1234 + rest  # the last: at finish
     ledgers["n1"].forget([task.id])
     scanned = sum(jobs[t.replica.node](StartBatch(2, t.replica.shard, 1, (t,)), BatchControl({t.id: t})).scanned
                   for t in schema.state.tasks.values())
