@@ -70,6 +70,12 @@ def rows_done(cluster: LocalCluster, view: str) -> int:
     return client.view_status(cluster.addresses(), view)["rows_done"]
 
 
+def chunk_sizes(cluster: LocalCluster, ks: str) -> list[int]:
+    """The rows of each chunk of `ks.tab`'s tablet 0 that the node's log reports, in order."""
+    return [int(rows) for rows in re.findall(rf"{ks}\.tab tablet 0 chunk -?\d+\.\.-?\d+, (\d+) rows for 1 view",
+                                             cluster.log("n1"))]
+
+
 def chunk_jobs(cluster: LocalCluster, ks: str) -> int:
     return len(re.findall(rf"{ks}\.tab tablet 0 chunk -?\d+\.\.-?\d+, \d+ rows for 1 view\(s\): .*spark [\d.]+s",
                           cluster.log("n1")))
@@ -115,19 +121,20 @@ def test_a_throttled_build_keeps_to_the_rate_and_a_lifted_limit_finishes_at_full
     client.build_config(cluster.addresses(), chunk_rows=250_000, rate_rows_per_s=RATE)
     try:
         make_base(cluster, "thr", tmp_path, THROTTLED_ROWS)
-        started = time.monotonic()
         client.execute(cluster.addresses(), VIEW.format(ks="thr"))
         assert_view_exact(cluster, "thr", THROTTLED_ROWS)
-        assert time.monotonic() - started >= 0.8 * THROTTLED_ROWS / RATE
+        throttled = chunk_sizes(cluster, "thr")
+        # a chunk begins once the rows before it are paid for at RATE (worker.rate_limit, property-tested), so this
+        # many chunks of at most a second's worth of rows took at least (chunks - 1) seconds
+        assert len(throttled) >= THROTTLED_ROWS // RATE and max(throttled) <= RATE, throttled
+        assert worker(cluster)["throttled_s"] > 0
         client.execute(cluster.addresses(), VIEW.replace(".mv ", ".mv2 ").format(ks="thr"))
         wait_until(lambda: rows_done(cluster, "thr.mv2") > 0, BUILD_TIMEOUT, "the first throttled chunk")
         assert client.build_config(cluster.addresses(), rate_rows_per_s=0)["rate_rows_per_s"] == 0
         waited_when_lifted = worker(cluster)["throttled_s"]
         assert_view_exact(cluster, "thr", THROTTLED_ROWS, view="mv2")
         assert worker(cluster)["throttled_s"] - waited_when_lifted < 1.5, "the lifted limit still held it back"
-        chunks = [int(rows) for rows in re.findall(r"thr\.tab tablet 0 chunk -?\d+\.\.-?\d+, (\d+) rows for 1 view",
-                                                   cluster.log("n1"))]
-        assert max(chunks, default=0) > RATE, "no chunk larger than a second's worth of rows after the limit lifted"
+        assert max(chunk_sizes(cluster, "thr"), default=0) > RATE, "no chunk larger than a second's worth of rows after the limit lifted"
     finally:
         client.build_config(cluster.addresses(), chunk_rows=CHUNK_ROWS, rate_rows_per_s=0)
 
