@@ -88,6 +88,7 @@ WORKER_COUNTERS = {
     "tasks_answered_from_ledger": "View building task ids answered from the ledger without running them again",
     "batches_failed": "View building batches that failed (the coordinator retries them)",
     "view_rows_repaired": "Stale view rows deleted by repair batches (after a base or view replica was lost)",
+    "view_rows_kept": "View rows kept in the outbox for view replicas view building batches could not reach",
 }
 WORKER_SECONDS = {  # stats key -> (metric name, documentation): seconds spent by view building batches, per phase
     "read_s": ("read_seconds", "Seconds view building batches spent reading base tablet replicas"),

@@ -23,7 +23,8 @@ class RowBatch:
     `schema_version` is the sender's schema version (the receiver catches up to it first); `timestamp` is the
     coordinator's write timestamp of a base write, observed by the receiving node's clock (0 for view updates).
     A base write's rows may come as `columns` instead, an Arrow table in storage.arrow_layouts' mutation layout
-    (then `rows` is empty).
+    (then `rows` is empty). With `view_rows`, `columns` are a view building batch's rows of a view
+    (`storage.arrow_layouts.view_rows_schema`), merged as a build merges them (`storage.bulk.merge_view_rows`).
     """
 
     table_id: str
@@ -32,6 +33,7 @@ class RowBatch:
     schema_version: int
     timestamp: int = 0
     columns: pa.Table | None = None
+    view_rows: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", tuple(self.rows))

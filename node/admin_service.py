@@ -360,5 +360,6 @@ def _status_snapshot(state):
             tasks_total=total, tasks_done=done,
             progress=1.0 if progress["built"] else (done / total if total else 0.0),
             hosts=progress["hosts"], is_index=view.view.is_index, rows_done=progress["rows_done"],
+            held=[pb.HeldViewRows(holder=holder, target=target) for holder, target in progress["held"]],
         )))
     return sorted(state.nodes.values(), key=lambda n: n.id), views, state.schema_version

@@ -57,6 +57,7 @@ from . import security
 from .admin_service import AdminDeps, AdminService
 from .client_service import ClientService
 from .health import HealthService
+from .view_row_holds import ViewRowHolds
 from .internode_service import InternodeDeps, InternodeService
 
 log = logging.getLogger("node.wiring")
@@ -165,6 +166,7 @@ class Node:
                                            driver_host=config.spark_driver_host or host_of(config.grpc_addr),
                                            remote=config.spark_remote))
         self.ledger = FinishedTaskLedger.for_data_dir(self.data_dir)
+        self.view_row_holds = ViewRowHolds(self.node_id, self.group0, self.local, self.store)
         self.build_job = BuildJob(self.node_id, self.store, self.spark, self.group0.read,
                                   lambda version: self.wait_schema_applied(version, SCHEMA_WAIT_TIMEOUT),
                                   self.endpoint.merge_view_rows, self.injections,
@@ -174,7 +176,8 @@ class Node:
                                   chunking=Chunking(self.ledger, self._chunk_rows, self._report_task_progress,
                                                     throttle=Throttle(self._build_rate),
                                                     paused=lambda: self.group0.read(lambda s: frozenset(
-                                                        s.paused_views))))
+                                                        s.paused_views))),
+                                  unreachable=self.view_row_holds)
         self._parallel_batches = max(2, config.shards)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
                                      self.build_job, lambda: self.group0.term, max_parallel=self._parallel_batches)
@@ -392,6 +395,7 @@ class Node:
         while not self._stopping.wait(OUTBOX_FLUSH_INTERVAL):
             try:
                 self.local.flush_outbox()
+                self.view_row_holds.release_delivered()
             except Exception:  # noqa: BLE001 - the loop must survive; the entries stay queued
                 log.exception("flushing view updates failed; will retry")
 
@@ -484,7 +488,7 @@ class Node:
                 "spark_state": spark.state, "spark_error": spark.error, "spark_start_s": spark.start_seconds,
                 "view_rows_repaired": build.view_rows_repaired,
                 "read_s": build.read_seconds, "spark_s": build.spark_seconds, "merge_s": build.merge_seconds,
-                "throttled_s": build.throttled_seconds,
+                "throttled_s": build.throttled_seconds, "view_rows_kept": build.view_rows_kept,
                 "failures": [{"view_id": f.view_id, "error": f.error, "attempts": f.attempts}
                              for f in self.worker.failures()]}
 

@@ -195,12 +195,27 @@ class LocalData:
     def flush_outbox(self, max_pages: int = 20) -> None:
         self.outbox.flush(max_pages)
 
+    def queue_view_rows(self, target: str, view_id: str, shard: int, schema_version: int, rows: pa.Table) -> None:
+        """Keep a view building batch's rows for a view replica it could not reach in the outbox, durably; the
+        outbox loop merges them there once it answers (`outbox_holds_view` tells when none are left)."""
+        batch = RowBatch(table_id=view_id, shard=shard, rows=(), schema_version=schema_version, columns=rows,
+                         view_rows=True)
+        self.tables.store.outbox_queue([(target, encode_payload(batch))], view_id)
+
     def _send_view_update(self, target: str, batch: RowBatch) -> None:
         self._injections.hit("view_update.before_send")
-        if target == self.node_id:
+        if batch.view_rows:
+            self._send_view_rows(target, batch)
+        elif target == self.node_id:
             self.apply_view_update(batch)
         else:
             self._transport.view_update(target, batch)
+
+    def _send_view_rows(self, target: str, batch: RowBatch) -> None:
+        if target == self.node_id:
+            self.merge_view_rows(batch.table_id, batch.schema_version, batch.columns)
+        else:
+            self._transport.merge_view_rows(target, batch.table_id, batch.shard, batch.schema_version, batch.columns)
 
     # ------------------------------------------------------------ tables and scans
 

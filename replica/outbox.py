@@ -150,8 +150,8 @@ def _grouped(updates: list[QueuedViewUpdate]) -> dict[tuple, list[QueuedViewUpda
 
 
 def _joinable(batch: RowBatch) -> tuple:
-    """What batches must share to be sent as one: view, shard and form (rows, or columns of one schema)."""
-    return batch.table_id, batch.shard, None if batch.columns is None else batch.columns.schema
+    """What batches must share to be sent as one: view, shard and form (rows, columns of one schema, or view rows)."""
+    return batch.table_id, batch.shard, batch.view_rows, None if batch.columns is None else batch.columns.schema
 
 
 def _merged_batch(group: list[QueuedViewUpdate]) -> RowBatch:
@@ -163,7 +163,7 @@ def _joined(batches: list[RowBatch]) -> RowBatch:
     first = batches[0]
     columns = None if first.columns is None else pa.concat_tables([b.columns for b in batches])
     return RowBatch(table_id=first.table_id, shard=first.shard, rows=tuple(row for b in batches for row in b.rows),
-                    schema_version=max(b.schema_version for b in batches), columns=columns)
+                    schema_version=max(b.schema_version for b in batches), columns=columns, view_rows=first.view_rows)
 
 
 def grouped_updates(updates: list[tuple[str, RowBatch]]) -> list[tuple[str, RowBatch]]:

@@ -1,7 +1,7 @@
 """The stored form of one outbox entry: a view-update RowBatch as versioned JSON (see docs/outbox.md).
 
-Version 2 (written for a batch of rows) and version 3 (written for a batch of Arrow columns, as an IPC stream in
-base64) are ASCII JSON objects; version 1 (written before) is a serialized protobuf `vbc.v1.MutationBatch`. A
+Version 2 (written for a batch of rows), version 3 (written for a batch of Arrow columns, as an IPC stream in
+base64) and version 4 (a view building batch's view rows, as columns in the same way) are ASCII JSON objects; version 1 (written before) is a serialized protobuf `vbc.v1.MutationBatch`. A
 payload that does not start with `{` is version 1 and is read by the decoder the node passes in
 (`read_version_1`), so this package stays free of protobuf.
 """
@@ -19,6 +19,8 @@ from storage.cells import Cell, Row
 
 FORMAT_VERSION = 2
 COLUMNS_FORMAT_VERSION = 3
+VIEW_ROWS_FORMAT_VERSION = 4
+_COLUMN_VERSIONS = (COLUMNS_FORMAT_VERSION, VIEW_ROWS_FORMAT_VERSION)
 _DOUBLE = "double"
 _BLOB = "blob"
 
@@ -29,7 +31,7 @@ class UnreadablePayload(ValueError):
 
 def encode_payload(batch: RowBatch) -> bytes:
     document = {
-        "version": FORMAT_VERSION if batch.columns is None else COLUMNS_FORMAT_VERSION,
+        "version": _version_of(batch),
         "table_id": batch.table_id,
         "shard": batch.shard,
         "schema_version": batch.schema_version,
@@ -42,6 +44,12 @@ def encode_payload(batch: RowBatch) -> bytes:
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
+def _version_of(batch: RowBatch) -> int:
+    if batch.columns is None:
+        return FORMAT_VERSION
+    return VIEW_ROWS_FORMAT_VERSION if batch.view_rows else COLUMNS_FORMAT_VERSION
+
+
 def decode_payload(payload: bytes, read_version_1: Callable[[bytes], RowBatch] | None = None) -> RowBatch:
     """The RowBatch stored in `payload`, whatever version wrote it (raises UnreadablePayload otherwise)."""
     if payload.lstrip()[:1] != b"{":
@@ -50,23 +58,24 @@ def decode_payload(payload: bytes, read_version_1: Callable[[bytes], RowBatch] |
         return read_version_1(payload)
     document = json.loads(payload)
     version = document.get("version")
-    if version not in (FORMAT_VERSION, COLUMNS_FORMAT_VERSION):
-        raise UnreadablePayload(f"outbox payload of format version {version!r}; this node reads 1, 2 and 3")
+    if version not in (FORMAT_VERSION, *_COLUMN_VERSIONS):
+        raise UnreadablePayload(f"outbox payload of format version {version!r}; this node reads 1 to 4")
     rows, columns = (), None
     if version == FORMAT_VERSION:
         rows = tuple(_decode_row(row) for row in document["rows"])
     else:
-        columns = _decode_columns(document["columns"])
+        columns = _decode_columns(document["columns"], version)
     return RowBatch(table_id=document["table_id"], shard=document["shard"], rows=rows,
                     schema_version=document["schema_version"], timestamp=document.get("timestamp", 0),
-                    columns=columns)
+                    columns=columns, view_rows=version == VIEW_ROWS_FORMAT_VERSION)
 
 
-def _decode_columns(encoded: str):
+def _decode_columns(encoded: str, version: int):
     try:
         return table_from_pieces([base64.b64decode(encoded, validate=True)])
     except (ValueError, binascii.Error) as error:
-        raise UnreadablePayload(f"outbox payload of format version 3 with unreadable columns: {error}") from None
+        raise UnreadablePayload(f"outbox payload of format version {version} with unreadable columns: {error}"
+                                ) from None
 
 
 def _encode_row(row: Row) -> dict:

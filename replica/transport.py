@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
+import pyarrow as pa
+
 from coordinator.core.errors import CoreError
 
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
@@ -24,6 +26,9 @@ class ReplicaTransport(Protocol):
 
     def view_update(self, node: str, batch: RowBatch) -> int:
         """Apply view rows on `node`'s view replica; the number of rows that changed."""
+
+    def merge_view_rows(self, node: str, view_id: str, shard: int, schema_version: int, rows: pa.Table) -> int:
+        """Merge a view building batch's view rows at `node`'s view replica; the number of rows that changed."""
 
     def scan(self, node: str, request: ScanRequest) -> Iterator[ScanPage]:
         """Stream the pages of a scan of `node`'s replica; an error may surface at any `next()`."""

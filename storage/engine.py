@@ -28,6 +28,7 @@ def outbox_table(metadata: sa.MetaData) -> sa.Table:
         sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
         sa.Column("target", sa.Text, nullable=False),
         sa.Column("payload", sa.LargeBinary, nullable=False),
+        sa.Column("view_id", sa.Text, nullable=True),  # set for a build's view rows (`StoreOutbox.outbox_queue`)
         sqlite_autoincrement=True,
     )
 

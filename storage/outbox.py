@@ -23,6 +23,24 @@ class StoreOutbox(StoreEngine):
         statement = self._outbox.insert().returning(self._outbox.c.id)
         return tuple(sorted(conn.execute(statement, rows).scalars()))
 
+    def _add_outbox_view_column(self, conn: sa.Connection) -> None:
+        """Give an outbox made before entries named their view its `view_id` column."""
+        if "view_id" not in {c["name"] for c in sa.inspect(conn).get_columns(self._outbox.name)}:
+            conn.exec_driver_sql(f"ALTER TABLE {self._outbox.name} ADD COLUMN view_id TEXT")
+
+    def outbox_queue(self, entries: Sequence[tuple[str, bytes]], view_id: str) -> tuple[int, ...]:
+        """Queue (target, payload) entries of a view's rows on their own, durable when this returns; their ids."""
+        with self._write_transaction() as conn:
+            return self._insert_outbox(conn, [{"target": t, "payload": bytes(p), "view_id": view_id}
+                                              for t, p in entries])
+
+    def outbox_holds_view(self, view_id: str, target: str) -> bool:
+        """Whether an entry of the view's rows queued by `outbox_queue` for `target` is left."""
+        outbox = self._outbox
+        statement = sa.select(outbox.c.id).where(outbox.c.view_id == view_id, outbox.c.target == target).limit(1)
+        with self._read() as conn:
+            return conn.execute(statement).first() is not None
+
     def outbox_pending(self, limit: int = 1000, after_id: int = 0, target: str | None = None) -> list[OutboxEntry]:
         """The oldest unacknowledged outbox entries with an id above `after_id` (only for `target` if given)."""
         outbox = self._outbox

@@ -31,6 +31,7 @@ class NodeStore(StoreWrites, StoreRows, StoreSchema, StoreOutbox, StoreEngine):
         self._catalog = catalog_table(metadata)
         with self._write_transaction() as conn:
             metadata.create_all(conn)
+            self._add_outbox_view_column(conn)
 
     @classmethod
     def for_data_dir(cls, data_dir: str | Path) -> NodeStore:

@@ -137,6 +137,10 @@ class NodeTransport:
         self._record("view_update", node, batch)
         return self._network.replica(node, self._network.refusing_view_updates).apply_view_update(batch)
 
+    def merge_view_rows(self, node: str, view_id: str, shard: int, schema_version: int, rows) -> int:
+        self._record("merge_view_rows", node, (view_id, shard, rows.num_rows))
+        return self._network.replica(node).merge_view_rows(view_id, schema_version, rows)
+
     def scan(self, node: str, request: ScanRequest) -> Iterator[ScanPage]:
         self._record("scan", node, request)
         for page in self._network.replica(node).scan(request):

@@ -5,6 +5,8 @@ import pytest
 
 from common.injection import Injections
 from coordinator.core import view_building
+from coordinator.core.errors import Unavailable
+from coordinator.core.schema import Replica, TabletMap
 from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN, tablet_of, tablet_range
 from replica.rows import storage_spec, upsert_row
 from storage import bulk
@@ -178,3 +180,42 @@ def test_a_chunked_batch_builds_the_same_view_one_spark_job_per_chunk_and_resume
     assert sum(job.stats.spark_jobs for job in jobs.values()) > len(schema.state.tasks) + rest // 20
     for ledger in ledgers.values():
         ledger.close()
+
+
+class KeptRows:
+    """`UnreachableReplicas` of a test: what a batch kept, and the holds it made."""
+
+    def __init__(self):
+        self.kept, self.held = [], []
+
+    def keep(self, replica, view, _schema_version, rows):
+        self.kept.append((replica.node, rows))
+
+    def hold(self, view_id, targets):
+        self.held.append((view_id, targets))
+
+
+def test_rows_for_an_unreachable_view_replica_are_kept_and_held_and_the_batch_still_finishes(cluster, spark):
+    schema, stores, jobs = cluster
+    view_map = schema.state.tablets[schema.view_id]
+    schema.state.tablets[schema.view_id] = TabletMap(schema.view_id, tuple(rs[::-1] for rs in view_map.replicas))
+    merge = _merge_into(stores)  # n1 feeds the view's replicas on n2 now, and n2 those on n1
+
+    def merge_unless_n2(replica, view, schema_version, rows):
+        if replica.node == "n2":
+            raise Unavailable("n2: connection refused")
+        merge(replica, view, schema_version, rows)
+
+    kept = KeptRows()
+    jobs["n1"] = BuildJob("n1", stores["n1"], spark, lambda fn: fn(schema.state), lambda _version: None,
+                          merge_unless_n2, Injections(), unreachable=kept)
+    run_every_task(schema, jobs)
+    n1_tasks = sum(1 for t in schema.state.tasks.values() if t.replica.node == "n1")
+    assert kept.held and all(held == (schema.view_id, ("n2",)) for held in kept.held) and len(kept.held) <= n1_tasks
+    assert jobs["n1"].stats.view_rows_kept == sum(rows.num_rows for _, rows in kept.kept)
+    expected = {(str(i), i // 10, i % 10) for i in range(300)}
+    stores["n2"].ensure_table(storage_spec(schema.view))
+    assert view_rows(stores["n1"], schema) == expected and not view_rows(stores["n2"], schema)
+    for node, rows in kept.kept:  # what the outbox delivers once n2 answers
+        merge(Replica(node, 0), schema.view, 0, rows)
+    assert view_rows(stores["n2"], schema) == expected

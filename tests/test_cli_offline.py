@@ -314,13 +314,14 @@ def test_status_dict_has_the_documented_shape():
                                                "spark_s": 1.5, "merge_s": 0.75,
                                                "failures": [{"view_id": "v1", "error": "UNAVAILABLE: boom",
                                                              "attempts": 2}], "view_rows_repaired": 4,
-                                               "throttled_s": 2.5},
+                                               "throttled_s": 2.5, "view_rows_kept": 0},
                                     "insecure": False}
     assert document["nodes"][1]["worker"] is None  # unreachable
     assert document["views"] == [{"name": "ks.mv", "base": "ks.t", "state": "BUILDING", "is_index": False,
                                   "tasks_total": 12, "tasks_done": 3, "progress": 0.25, "rows_done": 1500,
                                   "rows_per_s": 500.0, "eta_s": 9.0, "hosts": {"n1": "STARTED", "n2": "SUCCESS"},
-                                  "errors": [{"node": "n1", "error": "UNAVAILABLE: boom", "attempts": 2}]}]
+                                  "errors": [{"node": "n1", "error": "UNAVAILABLE: boom", "attempts": 2}],
+                                  "held": []}]
     json.dumps(document)
 
 
@@ -345,6 +346,19 @@ def test_status_rendering_names_nodes_and_views():
     assert "1,500 rows, 500/s, ETA 9s" in text and "1 running, 3 tasks, 1,500 rows, 2 spark jobs" in text
     assert "(read 0.2s, spark 1.5s, merge 0.8s, throttled 2.5s)" in text and "ready 9.5s" in text
     assert "ks.mv: 2 batches failed in a row on n1: UNAVAILABLE: boom" in text
+
+
+def test_status_rendering_says_which_node_a_view_waits_for():
+    from rich.console import Console
+
+    status = sample_status()
+    status.views[0].held.add(holder="n1", target="n3")
+    status.nodes[0].worker.view_rows_kept = 1200
+    console = Console(width=240, record=True, file=open(os.devnull, "w"))
+    console.print(render_status(client.status_to_dict(status)))
+    text = console.export_text()
+    assert "ks.mv: waits for node n3 to receive the view rows node n1 keeps for it" in text
+    assert "1,200" in text and "view rows kept for unreachable replicas" in text
 
 
 def test_status_rendering_shows_a_failed_spark_start():

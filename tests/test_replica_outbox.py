@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import struct
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,12 +13,13 @@ from common.codec import batch_from_proto_bytes, batch_to_proto
 from common.metrics import NodeMetrics
 from common.replica_messages import RowBatch
 from coordinator.core.errors import Unavailable
-from replica.outbox import ViewUpdateOutbox
+from coordinator.core.tokens import MAX_TOKEN, MIN_TOKEN
+from replica.outbox import ViewUpdateOutbox, grouped_updates
 from replica.outbox_payload import UnreadablePayload, decode_payload, decode_value, encode_payload, encode_value
 from replica.rows import storage_spec, upsert_row
 from storage.cells import Cell, Row
 from storage.store import NodeStore
-from tests.replica_fakes import cluster_state
+from tests.replica_fakes import InProcessCluster, cluster_state
 
 TABLE_ID = "ab" * 16
 
@@ -111,8 +113,8 @@ def test_a_version_1_entry_is_read_with_the_reader_the_node_passes_in():
 
 
 def test_an_entry_of_an_unknown_version_is_refused():
-    with pytest.raises(UnreadablePayload, match="version 4"):
-        decode_payload(b'{"version":4,"rows":[]}')
+    with pytest.raises(UnreadablePayload, match="version 5"):
+        decode_payload(b'{"version":5,"rows":[]}')
     with pytest.raises(UnreadablePayload, match="unreadable columns"):
         decode_payload(b'{"version":3,"table_id":"t","shard":0,"schema_version":1,"columns":"bm90IGFycm93"}')
     with pytest.raises(UnreadablePayload, match="unknown tagged value"):
@@ -182,3 +184,64 @@ def test_entries_for_a_node_removed_from_the_cluster_are_dropped_and_counted_and
     assert [target for target, _ in send.sent] == ["n2"]
     assert [e.target for e in store.outbox_pending()] == ["n9"]  # down, not removed: kept for a retry
     assert metrics.view_updates_dropped._value.get() == 2
+
+
+# ----------------------------------------------------------------- a build's view rows kept for an unreachable replica
+
+
+def build_view_rows(schema, keys: range, ts: int) -> pa.Table:
+    view = schema.view
+    rows = [upsert_row(view, {"v": f"v{k}", "key": k, "c": k % 3}, ts) for k in keys]
+    return pa.table({"token": [r.token for r in rows], "c_v": [r.key[0] for r in rows],
+                     "c_key": pa.array([r.key[1] for r in rows], pa.int32()),
+                     "c_c": pa.array([r.key[2] for r in rows], pa.int32()), "ts": [ts] * len(rows)})
+
+
+def test_view_rows_round_trip_as_format_version_4_and_join_only_with_view_rows():
+    schema = cluster_state(nodes=("n1",), rf=1, tablets=1, with_view=True)
+    rows = build_view_rows(schema, range(5), 9)
+    batch = RowBatch(schema.view_id, 0, (), 3, columns=rows, view_rows=True)
+    payload = encode_payload(batch)
+    assert payload.startswith(b'{"version":4,')
+    decoded = decode_payload(payload)
+    assert decoded.view_rows and decoded.columns.equals(rows) and decoded.schema_version == 3
+    mutations = RowBatch(schema.view_id, 0, (), 3, columns=rows)
+    assert not decode_payload(encode_payload(mutations)).view_rows
+    assert len(grouped_updates([("n2", batch), ("n2", mutations), ("n2", batch)])) == 2
+
+
+def test_kept_view_rows_wait_for_their_replica_then_merge_there_and_leave_no_trace(tmp_path):
+    schema = cluster_state(nodes=("n1", "n2"), rf=1, tablets=1, with_view=True)
+    cluster = InProcessCluster(tmp_path, schema)
+    try:
+        holder, target = cluster.nodes["n1"], cluster.nodes["n2"]
+        cluster.network.down.add("n2")
+        holder.local.queue_view_rows("n2", schema.view_id, 0, schema.state.schema_version,
+                                     build_view_rows(schema, range(10), 7))
+        holder.local.flush_outbox()
+        assert holder.store.outbox_holds_view(schema.view_id, "n2")
+        assert not holder.store.outbox_holds_view(schema.view_id, "n1")
+        cluster.network.down.clear()
+        holder.local.flush_outbox()
+        assert not holder.store.outbox_holds_view(schema.view_id, "n2") and holder.store.outbox_size() == 0
+        merged = target.store.scan(schema.view_id, MIN_TOKEN, MAX_TOKEN)
+        assert sorted(row.key[1] for row in merged) == list(range(10))
+        assert len(cluster.network.calls_of("merge_view_rows")) == 2  # refused while down, then merged
+    finally:
+        cluster.close()
+
+
+def test_an_outbox_made_before_entries_named_their_view_gains_the_column(tmp_path):
+    import sqlite3
+    database = tmp_path / "storage.db"
+    with sqlite3.connect(database) as conn:
+        conn.execute("CREATE TABLE storage_outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, target TEXT NOT NULL, "
+                     "payload BLOB NOT NULL)")
+        conn.execute("INSERT INTO storage_outbox (target, payload) VALUES ('n2', x'7b7d')")
+    store = NodeStore.for_data_dir(tmp_path)
+    try:
+        assert [e.target for e in store.outbox_pending()] == ["n2"]
+        store.outbox_queue([("n3", b"{}")], "view")
+        assert store.outbox_holds_view("view", "n3") and not store.outbox_holds_view("view", "n2")
+    finally:
+        store.close()

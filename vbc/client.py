@@ -478,6 +478,7 @@ def view_status_to_dict(view: pb.ViewStatus) -> dict:
         "eta_s": view.eta_s,
         "hosts": dict(sorted(view.hosts.items())),
         "errors": [{"node": e.node, "error": e.error, "attempts": e.attempts} for e in view.errors],
+        "held": [{"holder": h.holder, "target": h.target} for h in view.held],
     }
 
 
@@ -535,8 +536,9 @@ def wait_built(addr_or_addrs, view: str, timeout: float, poll: float = 0.1,
 
 def _not_built_message(view: dict, timeout: float) -> str:
     errors = "".join(f"; {e['node']}: {e['error']} ({e['attempts']} attempts)" for e in view["errors"])
+    held = "".join(f"; view rows kept on {h['holder']} wait for {h['target']}" for h in view["held"])
     return (f"{view['name']} is not built after {timeout:g}s: {view['tasks_done']}/{view['tasks_total']} tasks, "
-            f"{view['progress']:.1%}, {view['rows_done']:,} rows{errors}")
+            f"{view['progress']:.1%}, {view['rows_done']:,} rows{errors}{held}")
 
 
 def check_to_dict(response: pb.CheckViewResponse) -> dict:

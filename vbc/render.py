@@ -102,6 +102,8 @@ def worker_text(worker: dict | None) -> Text:
                     + (f", throttled {worker['throttled_s']:.1f}s" if worker.get("throttled_s") else "") + ")")
     if worker.get("view_rows_repaired"):
         text.append(f", {worker['view_rows_repaired']:,} stale view rows repaired")
+    if worker.get("view_rows_kept"):
+        text.append(f", {worker['view_rows_kept']:,} view rows kept for unreachable replicas")
     if worker["batches_failed"]:
         text.append(f", {worker['batches_failed']} failed", style="red")
     return text
@@ -197,6 +199,16 @@ def view_error_lines(views: list[dict]) -> list[Text]:
     return lines
 
 
+def view_waiting_lines(views: list[dict]) -> list[Text]:
+    """One line per view whose build waits for view rows kept in an outbox to reach their view replica."""
+    lines = []
+    for view in views:
+        for held in view.get("held", ()):
+            lines.append(Text(f"{view['name']}: waits for node {held['target']} to receive the view rows node "
+                              f"{held['holder']} keeps for it (it could not be reached)", style="yellow"))
+    return lines
+
+
 def render_status(document: dict) -> Group:
     """A readable rendering of `client.status()`."""
     header = Text.assemble(("leader ", "bold"), document["leader"] or "(none)", ("  term ", "bold"), str(document["term"]))
@@ -206,7 +218,7 @@ def render_status(document: dict) -> Group:
         header.append_text(Text.assemble(("  answered by ", "bold"), document["answered_by"]))
     parts = [header, status_nodes_table(document["nodes"], document["leader"]), *spark_error_lines(document["nodes"])]
     parts.append(status_views_table(document["views"]) if document["views"] else Text("no views", style="dim"))
-    parts += view_error_lines(document["views"])
+    parts += view_error_lines(document["views"]) + view_waiting_lines(document["views"])
     if document.get("migrations"):
         parts.append(status_migrations_table(document["migrations"]))
     return Group(*parts)

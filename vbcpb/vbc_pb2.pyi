@@ -302,7 +302,7 @@ class NodeStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., schema_version: _Optional[int] = ..., pending_view_updates: _Optional[int] = ..., worker: _Optional[_Union[WorkerStats, _Mapping]] = ..., insecure: _Optional[bool] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed", "spark_state", "spark_error", "spark_start_s", "read_s", "spark_s", "merge_s", "failures", "view_rows_repaired", "throttled_s")
+    __slots__ = ("spark_jobs", "tablet_scans", "rows_scanned", "tasks_finished", "tasks_answered_from_ledger", "batches_running", "batches_failed", "spark_state", "spark_error", "spark_start_s", "read_s", "spark_s", "merge_s", "failures", "view_rows_repaired", "throttled_s", "view_rows_kept")
     SPARK_JOBS_FIELD_NUMBER: _ClassVar[int]
     TABLET_SCANS_FIELD_NUMBER: _ClassVar[int]
     ROWS_SCANNED_FIELD_NUMBER: _ClassVar[int]
@@ -319,6 +319,7 @@ class WorkerStats(_message.Message):
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     VIEW_ROWS_REPAIRED_FIELD_NUMBER: _ClassVar[int]
     THROTTLED_S_FIELD_NUMBER: _ClassVar[int]
+    VIEW_ROWS_KEPT_FIELD_NUMBER: _ClassVar[int]
     spark_jobs: int
     tablet_scans: int
     rows_scanned: int
@@ -335,7 +336,8 @@ class WorkerStats(_message.Message):
     failures: _containers.RepeatedCompositeFieldContainer[BatchFailure]
     view_rows_repaired: int
     throttled_s: float
-    def __init__(self, spark_jobs: _Optional[int] = ..., tablet_scans: _Optional[int] = ..., rows_scanned: _Optional[int] = ..., tasks_finished: _Optional[int] = ..., tasks_answered_from_ledger: _Optional[int] = ..., batches_running: _Optional[int] = ..., batches_failed: _Optional[int] = ..., spark_state: _Optional[str] = ..., spark_error: _Optional[str] = ..., spark_start_s: _Optional[float] = ..., read_s: _Optional[float] = ..., spark_s: _Optional[float] = ..., merge_s: _Optional[float] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ..., view_rows_repaired: _Optional[int] = ..., throttled_s: _Optional[float] = ...) -> None: ...
+    view_rows_kept: int
+    def __init__(self, spark_jobs: _Optional[int] = ..., tablet_scans: _Optional[int] = ..., rows_scanned: _Optional[int] = ..., tasks_finished: _Optional[int] = ..., tasks_answered_from_ledger: _Optional[int] = ..., batches_running: _Optional[int] = ..., batches_failed: _Optional[int] = ..., spark_state: _Optional[str] = ..., spark_error: _Optional[str] = ..., spark_start_s: _Optional[float] = ..., read_s: _Optional[float] = ..., spark_s: _Optional[float] = ..., merge_s: _Optional[float] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ..., view_rows_repaired: _Optional[int] = ..., throttled_s: _Optional[float] = ..., view_rows_kept: _Optional[int] = ...) -> None: ...
 
 class BatchFailure(_message.Message):
     __slots__ = ("view_id", "error", "attempts")
@@ -358,7 +360,7 @@ class ViewBuildError(_message.Message):
     def __init__(self, node: _Optional[str] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class ViewStatus(_message.Message):
-    __slots__ = ("name", "base", "state", "tasks_total", "tasks_done", "progress", "hosts", "is_index", "rows_done", "rows_per_s", "eta_s", "errors")
+    __slots__ = ("name", "base", "state", "tasks_total", "tasks_done", "progress", "hosts", "is_index", "rows_done", "rows_per_s", "eta_s", "errors", "held")
     class HostsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -378,6 +380,7 @@ class ViewStatus(_message.Message):
     ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
     ETA_S_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     name: str
     base: str
     state: str
@@ -390,7 +393,16 @@ class ViewStatus(_message.Message):
     rows_per_s: float
     eta_s: float
     errors: _containers.RepeatedCompositeFieldContainer[ViewBuildError]
-    def __init__(self, name: _Optional[str] = ..., base: _Optional[str] = ..., state: _Optional[str] = ..., tasks_total: _Optional[int] = ..., tasks_done: _Optional[int] = ..., progress: _Optional[float] = ..., hosts: _Optional[_Mapping[str, str]] = ..., is_index: _Optional[bool] = ..., rows_done: _Optional[int] = ..., rows_per_s: _Optional[float] = ..., eta_s: _Optional[float] = ..., errors: _Optional[_Iterable[_Union[ViewBuildError, _Mapping]]] = ...) -> None: ...
+    held: _containers.RepeatedCompositeFieldContainer[HeldViewRows]
+    def __init__(self, name: _Optional[str] = ..., base: _Optional[str] = ..., state: _Optional[str] = ..., tasks_total: _Optional[int] = ..., tasks_done: _Optional[int] = ..., progress: _Optional[float] = ..., hosts: _Optional[_Mapping[str, str]] = ..., is_index: _Optional[bool] = ..., rows_done: _Optional[int] = ..., rows_per_s: _Optional[float] = ..., eta_s: _Optional[float] = ..., errors: _Optional[_Iterable[_Union[ViewBuildError, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldViewRows, _Mapping]]] = ...) -> None: ...
+
+class HeldViewRows(_message.Message):
+    __slots__ = ("holder", "target")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    target: str
+    def __init__(self, holder: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("leader", "term", "nodes", "views", "answered_by", "schema_version", "migrations")

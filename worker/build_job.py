@@ -8,7 +8,11 @@ With `Chunking`, a batch reads its tablet replica in token order in chunks of ab
 after each chunk it records its tasks' checkpoints in the ledger (`worker.build_progress`) and reports their rows to
 group0, and a batch of the same tasks started again resumes at the checkpoint. Each chunk is a snapshot of its own:
 a base row written after the batch began is in a later chunk's snapshot or sends its own view update, as for one
-snapshot. A repair batch reads its whole range at once (its deletions need the whole snapshot)."""
+snapshot. A repair batch reads its whole range at once (its deletions need the whole snapshot).
+
+A view replica that cannot be reached does not fail the batch: its rows wait in this node's durable outbox
+(`UnreachableReplicas`), and group0 hears of it before the batch's tasks finish, so the view is built only once the
+outbox has delivered them."""
 from __future__ import annotations
 
 import logging
@@ -21,15 +25,13 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from common.injection import Injections
-from coordinator.core.errors import NotFound, Unavailable
+from coordinator.core.errors import NotFound, RangeMoved, Unavailable
 from coordinator.core.migrations import (
     TabletTransition,
     feeding_count,
-    paired_targets,
     position_of,
     transition_of,
     transitions_of_table,
@@ -52,6 +54,7 @@ from worker.spark_views import compute_view_rows, staged_token_range
 from worker.tasks import BatchRows, StartBatch
 from worker.throttle import Throttle
 from worker.view_repair import BaseRow, repair_floors, stale_deletes, stale_view_rows, view_keys_of
+from worker.view_routing import by_destination, paired_targets_by_tablet
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,15 @@ class Checkpoints(Protocol):
     def progress(self, task_ids: Iterable[str]) -> dict[str, TaskCheckpoint]: ...
 
     def record_progress(self, progress: Mapping[str, TaskCheckpoint]) -> None: ...
+
+
+class UnreachableReplicas(Protocol):
+    """Where a batch keeps the view rows for a view replica it cannot reach (the node's durable outbox), and how it
+    tells group0 that it does (`HoldViewRows`) before its tasks finish."""
+
+    def keep(self, replica: Replica, view: Table, schema_version: int, rows: pa.Table) -> None: ...
+
+    def hold(self, view_id: str, targets: tuple[str, ...]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -177,6 +189,7 @@ class BuildStats:
     merge_seconds: float = 0.0  # merging view rows at their replicas
     view_rows_repaired: int = 0  # stale view rows deleted by repair batches
     throttled_seconds: float = 0.0  # waiting out the build rate limit
+    view_rows_kept: int = 0  # view rows left in the outbox for view replicas that could not be reached
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -194,7 +207,7 @@ class BuildJob:
                  wait_writes_before: Callable[[int], None], merge_view_rows: MergeViewRows, injections: Injections,
                  track_write: Callable[[], AbstractContextManager] = nullcontext,
                  read_view_rows: ReadViewRows | None = None, delete_view_rows: DeleteViewRows | None = None,
-                 chunking: Chunking | None = None):
+                 chunking: Chunking | None = None, unreachable: UnreachableReplicas | None = None):
         self._node_id = node_id
         self._store = store
         self._spark = spark
@@ -208,6 +221,7 @@ class BuildJob:
         # at: a tablet migration's barrier waits for them (replica.write_path does the same for base writes)
         self._track_write = track_write
         self._chunking = chunking
+        self._unreachable = unreachable
         self.stats = BuildStats()
 
     def __call__(self, start: StartBatch, control: BatchControl) -> int | BatchRows:
@@ -342,56 +356,42 @@ class BuildJob:
 
     def _deliver(self, plan: BuildPlan, view: Table, view_rows: pa.Table) -> None:
         """Merge the view's rows at every destination replica, the destinations at once (each merge mostly waits:
-        on a peer, or on this node's merging child process); the first error once all of them ended."""
+        on a peer, or on this node's merging child process); the first error once all of them ended. The rows of
+        replicas that cannot be reached are kept in the outbox, and group0 told."""
         parts = by_destination(view_rows, plan.view_replicas[view.id], plan.pair, plan.view_moves.get(view.id, {}),
                                plan.base_count)
-        if not parts:
-            return  # no base row of the batch has a row in this view
-        if len(parts) == 1:
-            (replica, part), = parts.items()
-            self._merge_view_rows(replica, view, plan.schema_version, part)
-            return
-        with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="view-rows") as pool:
-            merges = [pool.submit(self._merge_view_rows, replica, view, plan.schema_version, part)
-                      for replica, part in parts.items()]
-        for merge in merges:
-            merge.result()
+        if len(parts) <= 1:
+            kept = [self._merge_or_keep(plan, view, replica, part) for replica, part in parts.items()]
+        else:
+            with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="view-rows") as pool:
+                merges = [pool.submit(self._merge_or_keep, plan, view, replica, part)
+                          for replica, part in parts.items()]
+            kept = [merge.result() for merge in merges]
+        unreached = tuple(sorted({node for node in kept if node is not None}))
+        if unreached:
+            self._unreachable.hold(view.id, unreached)
+
+    def _merge_or_keep(self, plan: BuildPlan, view: Table, replica: Replica, rows: pa.Table) -> str | None:
+        """Merge the rows at `replica`; if it cannot be reached, keep them in the outbox and name its node."""
+        try:
+            self._merge_view_rows(replica, view, plan.schema_version, rows)
+            return None
+        except RangeMoved:
+            raise  # the view tablet moved on: the batch is routed again
+        except Unavailable as error:
+            if self._unreachable is None or replica.node == self._node_id:
+                raise
+            self._unreachable.keep(replica, view, plan.schema_version, rows)
+            self.stats.add(view_rows_kept=rows.num_rows)
+            log.warning("view replica %s of %s cannot be reached (%s): its %d view rows wait in this node's outbox",
+                        replica, view.qualified_name, error, rows.num_rows)
+            return replica.node
 
 
 def view_tablet_targets(plan: BuildPlan, view: Table) -> list[tuple[Replica, ...]]:
     """Per view tablet, the view replicas this batch's base replica feeds there."""
     return paired_targets_by_tablet(plan.view_replicas[view.id], plan.pair, plan.view_moves.get(view.id, {}),
                                     plan.base_count)
-
-
-def paired_targets_by_tablet(replicas: tuple[tuple[Replica, ...], ...], pair: int,
-                             moves: dict[int, TabletTransition] | None = None, base_count: int | None = None
-                             ) -> list[tuple[Replica, ...]]:
-    """Per view tablet, the view replicas paired with base position `pair` (`migrations.paired_positions`; while
-    the view tablet moves, its pending replica too)."""
-    return [paired_targets(replicas[tablet], (moves or {}).get(tablet), pair,
-                           len(replicas[tablet]) if base_count is None else base_count)
-            for tablet in range(len(replicas))]
-
-
-def by_destination(view_rows: pa.Table, replicas: tuple[tuple[Replica, ...], ...], pair: int,
-                   moves: dict[int, TabletTransition] | None = None, base_count: int | None = None
-                   ) -> dict[Replica, pa.Table]:
-    """View rows grouped by the view replicas paired with this base replica in the view tablet owning each row
-    (`paired_targets_by_tablet`)."""
-    if view_rows.num_rows == 0:
-        return {}
-    targets_of = paired_targets_by_tablet(replicas, pair, moves, base_count)
-    targets = set(targets_of)
-    if len(targets) == 1:  # every view tablet's rows go to the same replicas (RF = nodes, or one node): no split
-        return {replica: view_rows for replica in targets.pop()}
-    tablets = tablet_indices(view_rows.column("token"), len(replicas))
-    groups: dict[Replica, list[pa.Table]] = {}
-    for tablet in pc.unique(tablets).to_pylist():
-        rows = view_rows.filter(pc.equal(tablets, tablet))
-        for destination in targets_of[tablet]:
-            groups.setdefault(destination, []).append(rows)
-    return {replica: pa.concat_tables(parts) for replica, parts in groups.items()}
 
 
 def batch_floors(plan: BuildPlan, held: dict[str, pa.Table]) -> dict[BaseRow, int]:
@@ -418,12 +418,3 @@ def deletes_by_destination(plan: BuildPlan, view: Table, deletes: list[Row]) -> 
     parts = by_destination(tokens, plan.view_replicas[view.id], plan.pair, plan.view_moves.get(view.id, {}),
                            plan.base_count)
     return {replica: [deletes[i] for i in part.column("i").to_pylist()] for replica, part in parts.items()}
-
-
-def tablet_indices(tokens: pa.ChunkedArray, tablet_count: int) -> pa.ChunkedArray:
-    """`tokens.tablet_of` for a column of tokens: the high bits of the token, shifted into 0..count-1."""
-    bits = tablet_count.bit_length() - 1
-    if bits == 0:
-        return pc.multiply(tokens, 0)
-    high = pc.shift_right(pc.shift_right(tokens, 63 - bits), 1)  # pyarrow leaves a shift by 63 undone
-    return pc.add(high, 1 << (bits - 1))

@@ -344,6 +344,29 @@ class RecordTaskProgress(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class HoldViewRows(Command):
+    """Node `holder` stored view rows of `view_id` in its durable outbox for the view replicas on `targets` (it could
+    not reach them when its build batch merged). The view is not built until each (holder, target) is released."""
+
+    op: ClassVar[str] = "hold_view_rows"
+    view_id: str
+    holder: str
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseViewRows(Command):
+    """Node `holder`'s outbox no longer holds view rows of `view_id` for `target`: it found so after group0 numbered
+    that hold `hold` (`HoldViewRows`), so a hold made since (rows queued after its look) stays."""
+
+    op: ClassVar[str] = "release_view_rows"
+    view_id: str
+    holder: str
+    target: str
+    hold: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class CreateRole(Command):
     """A role; `password_hash` is the salted slow hash the proposer made ("": no password login)."""
 
@@ -404,7 +427,7 @@ COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspa
                                        StartTabletMigration,
                                        AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets,
                                        DecommissionNode, RemoveNode, SetBalancer, SetBuildSettings, RecordTaskProgress,
-                                       SetViewPaused,
+                                       SetViewPaused, HoldViewRows, ReleaseViewRows,
                                        CreateRole, AlterRole,
                                        DropRole, GrantPermissions, RevokePermissions)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}

@@ -12,7 +12,8 @@ Each check raises AssertionError naming what contradicts what. They are the rule
   the view's build STARTED there, so a view with tasks left is not BUILT;
 - the processing bases (distinct) and the merge requests name existing base tables;
 - progress: a view's rows_done covers what its running tasks reported (`task_rows`); the build settings are in
-  range; paused views exist.
+  range; paused views exist;
+- holds of view rows: of an existing view, by and for nodes not removed, numbered at most `holds_made`.
 """
 from __future__ import annotations
 
@@ -57,6 +58,14 @@ def check_progress(state: Group0State) -> None:
     assert 1 <= settings.parallel_bases <= build_settings.MAX_PARALLEL_BASES, settings
     for view_id in state.paused_views:
         assert view_id in state.tables and state.tables[view_id].view is not None, f"paused {view_id} is no view"
+    check_holds(state)
+
+
+def check_holds(state: Group0State) -> None:
+    for (view_id, holder, target), hold in state.held_view_rows.items():
+        assert view_id in state.tables and state.tables[view_id].view is not None, f"rows of {view_id} held: no view"
+        assert not {holder, target} & state.removed_nodes, f"hold {hold} of {view_id} names a removed node"
+        assert 0 < hold <= state.holds_made, f"hold {hold} of {view_id} beyond the {state.holds_made} made"
 
 
 def check_tablet_maps(state: Group0State) -> None:

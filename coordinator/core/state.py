@@ -37,6 +37,7 @@ from .commands import (
     FinishViewBuildingTasks,
     DecommissionNode,
     GrantPermissions,
+    HoldViewRows,
     MergeTablets,
     Noop,
     RegisterNode,
@@ -46,6 +47,7 @@ from .commands import (
     SetBalancer,
     SetBuildSettings,
     RecordTaskProgress,
+    ReleaseViewRows,
     SetViewPaused,
     SetProcessingBase,
     SetProcessingBases,
@@ -87,6 +89,9 @@ class Group0State:
         self.rows_done: dict[str, int] = {}  # view id -> base rows scanned by its tasks' batches (never lowered)
         self.task_rows: dict[str, int] = {}  # running task id -> the base rows its batch reported scanned so far
         self.paused_views: set[str] = set()  # views whose build is paused (`vbc view pause`)
+        # (view, holder node, target node) -> hold number: view rows waiting in the holder's outbox for the target
+        self.held_view_rows: dict[tuple[str, str, str], int] = {}
+        self.holds_made = 0
         # owned by build_settings.py
         self.build_settings = build_settings.BuildSettings()
         # the newest Raft term of a view building loop command applied: a fence, not schema data (so private,
@@ -227,6 +232,8 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     SetBuildSettings: build_settings.set_build_settings,
     RecordTaskProgress: view_building.record_task_progress,
     SetViewPaused: view_building.set_view_paused,
+    HoldViewRows: view_building.hold_view_rows,
+    ReleaseViewRows: view_building.release_view_rows,
     CreateRole: auth.create_role,
     AlterRole: auth.alter_role,
     DropRole: auth.drop_role,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from . import migrations
+from . import migrations, view_building
 from .commands import DecommissionNode, RegisterNode, RemoveNode
 from .errors import FailedPrecondition, InvalidArgument
 from .ids import check_name
@@ -104,6 +104,7 @@ def remove_node(state: Group0State, cmd: RemoveNode) -> None:
         raise FailedPrecondition(f"node {node.id} still holds {held} tablet replica(s) ({len(moving)} moving)")
     del state.nodes[node.id]
     state.removed_nodes.add(node.id)
+    view_building.forget_node_holds(state, node.id)
     for key in [k for k in state.build_status if k[1] == node.id]:
         del state.build_status[key]
     state.schema_version += 1

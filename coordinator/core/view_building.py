@@ -1,11 +1,13 @@
 """View building: one build task per base tablet replica of a new view, and each node's build status per view.
 
-Owns the `tasks`, `build_status`, `tasks_created`, `rows_done`, `task_rows`, `paused_views`, `processing_bases` and
-`_view_building_term` fields of Group0State. The leader's loop changes them only through commands carrying its Raft
+Owns the `tasks`, `build_status`, `tasks_created`, `rows_done`, `task_rows`, `paused_views`, `processing_bases`,
+`held_view_rows`, `holds_made` and `_view_building_term` fields of Group0State. The leader's loop changes them only through commands carrying its Raft
 term (`FinishViewBuildingTasks`, `SetProcessingBases`); one from a term older than the newest seen is refused. A
 worker reports the rows its running batches scanned, chunk by chunk (`RecordTaskProgress`): a view's `rows_done`
 moves with them and never goes down (the rows of a batch that a move aborted stay counted; its successor's count
-again).
+again). A batch that could not reach a view replica leaves that replica's rows in its node's durable outbox and says
+so (`HoldViewRows`) before its task finishes; the view is built once every such hold is released (`ReleaseViewRows`:
+the holder's outbox delivered them), or its holder or target was removed (the removal rebuilt what they held).
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from typing import TYPE_CHECKING
 
 from .commands import (
     FinishViewBuildingTasks,
+    HoldViewRows,
     RecordTaskProgress,
+    ReleaseViewRows,
     SetProcessingBase,
     SetProcessingBases,
     SetViewPaused,
@@ -246,6 +250,8 @@ def forget_table(state: Group0State, table_id: str) -> None:
     state.tasks_created.pop(table_id, None)
     state.rows_done.pop(table_id, None)
     state.paused_views.discard(table_id)
+    for key in [k for k in state.held_view_rows if k[0] == table_id]:
+        del state.held_view_rows[key]
     for task in list(state.tasks.values()):
         if table_id in (task.view_id, task.base_id):
             del state.tasks[task.id]
@@ -261,7 +267,12 @@ def tasks_of_view(state: Group0State, view_id: str) -> Iterator[Task]:
 def is_built(state: Group0State, view_id: str) -> bool:
     statuses = [s for (v, _), s in state.build_status.items() if v == view_id]
     no_tasks_left = not any(True for _ in tasks_of_view(state, view_id))
-    return no_tasks_left and all(s == BUILD_SUCCESS for s in statuses)
+    return no_tasks_left and all(s == BUILD_SUCCESS for s in statuses) and not held_view_rows(state, view_id)
+
+
+def held_view_rows(state: Group0State, view_id: str) -> list[tuple[str, str]]:
+    """(holder, target) of each hold of the view's rows in an outbox, in order."""
+    return sorted((holder, target) for view, holder, target in state.held_view_rows if view == view_id)
 
 
 def progress(state: Group0State, view_id: str) -> dict:
@@ -269,7 +280,8 @@ def progress(state: Group0State, view_id: str) -> dict:
     total = state.tasks_created.get(view_id, 0)
     hosts = {node: status for (v, node), status in state.build_status.items() if v == view_id}
     return {"tasks_total": total, "tasks_done": max(total - remaining, 0), "hosts": hosts,
-            "built": is_built(state, view_id), "rows_done": state.rows_done.get(view_id, 0)}
+            "built": is_built(state, view_id), "rows_done": state.rows_done.get(view_id, 0),
+            "held": held_view_rows(state, view_id)}
 
 
 # -------------------------------------------------------------------- the leader loop's commands
@@ -325,6 +337,34 @@ def record_task_progress(state: Group0State, cmd: RecordTaskProgress) -> int:
             counted += 1
     _forget_rows_of_gone_tasks(state)
     return counted
+
+
+def hold_view_rows(state: Group0State, cmd: HoldViewRows) -> int:
+    """Record that `holder`'s outbox holds the view's rows for each target, numbering each hold; the holds made
+    (none for a dropped view, or a holder or target removed from the cluster: their rows are moot)."""
+    if cmd.view_id not in state.tables or cmd.holder in state.removed_nodes:
+        return 0
+    made = 0
+    for target in sorted(set(cmd.targets) - state.removed_nodes):
+        state.holds_made += 1
+        state.held_view_rows[(cmd.view_id, cmd.holder, target)] = state.holds_made
+        made += 1
+    return made
+
+
+def release_view_rows(state: Group0State, cmd: ReleaseViewRows) -> bool:
+    """Release a hold, unless it was made again since the holder looked at its outbox; whether it was released."""
+    key = (cmd.view_id, cmd.holder, cmd.target)
+    if state.held_view_rows.get(key) != cmd.hold:
+        return False
+    del state.held_view_rows[key]
+    return True
+
+
+def forget_node_holds(state: Group0State, node_id: str) -> None:
+    """A removed node's holds go, both ways: its outbox is gone, or its view replicas were rebuilt elsewhere."""
+    for key in [k for k in state.held_view_rows if node_id in k[1:]]:
+        del state.held_view_rows[key]
 
 
 def _count_rows(state: Group0State, task: Task, scanned: int) -> None:
