@@ -621,6 +621,23 @@ def test_a_dead_node_is_rebuilt_from_the_surviving_replicas():
     assert all(len(rs) == 2 and "n2" not in {r.node for r in rs} for rs in state.tablets[table_id].replicas)
 
 
+def test_a_dead_base_replica_rebuilt_gives_every_replica_of_its_tablets_a_repair_of_every_view():
+    """What the dead replica never delivered may have been for any view position: base position 0 also feeds the
+    positions a smaller base tablet lacks (an RF increase under way), and removals shift positions."""
+    state = cluster(nodes=4, shards=1)
+    table_id = make_table(state, rf=3, tablets=2)
+    view_id = make_view(state)
+    finished = tuple(t.id for t in state.tasks_of_view(view_id))
+    assert state.apply(FinishViewBuildingTasks(cmd_id=None, term=1, task_ids=finished)).ok
+    assert state.view_is_built(view_id)
+    lost = [tablet for tablet, rs in enumerate(state.tablets[table_id].replicas) if "n1" in {r.node for r in rs}]
+    assert state.apply(DecommissionNode(cmd_id=None, node_id="n1", dead=True)).ok
+    drain(state)
+    repairs = {(t.tablet_id, t.replica) for t in state.tasks_of_view(view_id) if t.repair}
+    assert lost and repairs == {(tablet, r) for tablet in lost for r in state.tablets[table_id].replicas[tablet]}
+    assert not state.view_is_built(view_id)
+
+
 def test_leaving_is_refused_when_the_rest_cannot_hold_every_rf():
     state = cluster(nodes=3, shards=1)
     make_table(state, rf=3, tablets=1)

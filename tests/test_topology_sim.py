@@ -16,7 +16,8 @@ EXERCISED = ("writes", "late writes", "deletes", "writes retried", "views create
              "proposed MergeTablets", "rf changes", "operator moves", "nodes added", "nodes decommissioned",
              "nodes removed (dead)", "members removed", "leader changes", "barriers not confirmed", "streams failed",
              "cleanups of a pending replica", "proposed AdvanceTabletMigration", "stale steps fenced",
-             "step answers lost", "schedules checked")
+             "step answers lost", "view rows kept for an unreachable replica", "holds released",
+             "schedules checked")
 
 
 def run_seeds(seeds, stats: Counter) -> None:

@@ -11,7 +11,8 @@ its tablets, as the store does. What runs is the product's code:
   outbox, delivered later in any order;
 - builds: batches chosen by the planner (`replica_queues`, `next_batch`), planned by the worker's `build_plan`,
   scanned on one step and delivered on a later one through `routed_now` and `by_destination`, then finished by
-  `FinishViewBuildingTasks`; a repair batch (after a node died) first reads its view replicas and raises its base
+  `FinishViewBuildingTasks`; a view replica the batch cannot reach gets its rows through the node's outbox, held in
+  group0 (`HoldViewRows`) until the node sees them delivered (`ReleaseViewRows`); a repair batch (after a node died) first reads its view replicas and raises its base
   rows' view_ts, then deletes the stale view rows (`worker.view_repair`, `deletes_by_destination`);
 - tablet operations: the leader's `MigrationLoop` decides every migration, merge, RF change, drain, removal and
   balancer move; the simulation carries out its barriers (every node catches up, writes and view updates begun
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from common.replica_messages import RowBatch
 from coordinator.core import migrations as core_migrations
 from coordinator.core.commands import (
     AlterKeyspace,
@@ -45,7 +47,9 @@ from coordinator.core.commands import (
     CreateView,
     DecommissionNode,
     FinishViewBuildingTasks,
+    HoldViewRows,
     RegisterNode,
+    ReleaseViewRows,
     RequestTabletMerge,
     SplitTablets,
     StartTabletMigration,
@@ -387,14 +391,19 @@ class Simulation:
         live = [i for i in batch.task_ids if i in node.state.tasks and not node.state.tasks[i].aborted]
         for view in plan.views:
             if any(node.state.tasks[i].view_id == view.id for i in live):
-                implied = self.merge_view_rows(plan, view, batch.rows)
+                implied, kept = self.merge_view_rows(node, plan, view, batch.rows)
+                if kept:
+                    self.append(HoldViewRows(view_id=view.id, holder=node.id, targets=tuple(sorted(kept)),
+                                             cmd_id=None))
                 if batch.repair is not None and view.id in batch.repair.held:
                     self.delete_stale(plan, view, implied, batch.repair)
         self.append(FinishViewBuildingTasks(term=1, task_ids=tuple(live), cmd_id=None))
         self.stats["batches finished"] += 1
 
-    def merge_view_rows(self, plan, view, base_rows: list[Row]) -> set[tuple]:
-        """Deliver the batch's view rows to their destinations; the view keys the batch's base rows imply."""
+    def merge_view_rows(self, node: SimNode, plan, view, base_rows: list[Row]) -> tuple[set[tuple], set[str]]:
+        """Deliver the batch's view rows to their destinations, keeping in the node's outbox the rows of one it cannot
+        reach (`BuildJob._merge_or_keep`); the view keys the batch's base rows imply, and the nodes rows were kept
+        for."""
         view_rows = []
         for row in base_rows:
             mapped = view_row(view, visible_row(self.table, row))
@@ -402,13 +411,31 @@ class Simulation:
                 view_rows.append(upsert_row(view, mapped[1], row.view_ts or write_ts(row)))
         table = pa.table({"token": pa.array([r.token for r in view_rows], pa.int64()),
                           "i": pa.array(range(len(view_rows)), pa.int64())})
+        kept = set()
         for replica, part in by_destination(table, plan.view_replicas[view.id], plan.pair,
                                             plan.view_moves.get(view.id, {}), plan.base_count).items():
             target = self.nodes[replica.node]
+            rows = [view_rows[i] for i in part.column("i").to_pylist()]
             if not target.up:
                 continue
-            self.merge_rows(target, view.id, [view_rows[i] for i in part.column("i").to_pylist()])
-        return {row.key for row in view_rows}
+            if self.faults and target is not node and self.rng.random() < 0.1:
+                node.outbox.append((target.id, RowBatch(view.id, replica.shard, tuple(rows), plan.schema_version,
+                                                        view_rows=True)))
+                kept.add(target.id)
+                self.stats["view rows kept for an unreachable replica"] += 1
+                continue
+            self.merge_rows(target, view.id, rows)
+        return {row.key for row in view_rows}, kept
+
+    def release_holds(self, node: SimNode) -> None:
+        """`ViewRowHolds.release_delivered`: the node's holds as its state shows them, then its outbox."""
+        holds = [(key, number) for key, number in node.state.held_view_rows.items() if key[1] == node.id]
+        for (view_id, holder, target), number in holds:
+            if any(batch.view_rows and batch.table_id == view_id and to == target for to, batch in node.outbox):
+                continue
+            self.append(ReleaseViewRows(view_id=view_id, holder=holder, target=target, hold=number, cmd_id=None))
+            released = (view_id, holder, target) not in self.truth.held_view_rows
+            self.stats["holds released" if released else "hold releases refused (held again since)"] += 1
 
     def delete_stale(self, plan, view, implied: set[tuple], repair: Repair) -> None:
         """`BuildJob._delete_stale`."""
@@ -682,6 +709,7 @@ class Simulation:
             node = rng.choice(self.up_nodes())
             if node.outbox:
                 self.deliver_view_update(node, rng.randrange(len(node.outbox)))
+            self.release_holds(node)
         elif roll < 0.5:
             self.lag(rng.choice(self.up_nodes()))
         elif roll < 0.56:
@@ -723,6 +751,7 @@ class Simulation:
                 self.catch_up(node)
                 while deliverable := [i for i, (t, _) in enumerate(node.outbox) if self.nodes[t].up]:
                     self.deliver_view_update(node, deliverable[0])
+                self.release_holds(node)
             while self.reads:
                 self.serve_read(self.reads[0])
             for _ in range(100):
@@ -752,6 +781,8 @@ class Simulation:
             left.append(f"drained nodes not removed: {core_migrations.removable_nodes(truth)}")
         if truth.tasks:
             left.append(f"{len(truth.tasks)} build tasks")
+        if truth.held_view_rows:
+            left.append(f"holds of kept view rows {sorted(truth.held_view_rows)}")
         if self.writes or self.retries or self.batches or self.reads or self.steps or self.events:
             left.append("work in flight")
         return left

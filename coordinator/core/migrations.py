@@ -399,8 +399,10 @@ def _copied_view_may_be_stale(state: Group0State, transition: TabletTransition) 
 def _rebuild_lost_position(state: Group0State, transition: TabletTransition, position: int) -> None:
     """A dead replica was rebuilt from another position's replica (`source`): what only its position had is lost.
 
-    A base replica's undelivered view updates died with it, so the view replicas at its position get a repair task
-    of every view from the new replica. A view replica's copy holds what the source's position had been fed when it
+    A base replica's undelivered view updates died with it. Which view positions they were for depends on the
+    pairings it had while it lived (base position 0 also feeds the view positions a smaller base tablet lacks, and
+    removals shift positions), so every replica of the base tablet gets a repair task of every view. A view
+    replica's copy holds what the source's position had been fed when it
     was copied, and the builds of its own position may have reached only the dead replica, so the base positions
     feeding it deliver again (built views too: a build may have ended after the copy). Repair tasks, both: the view
     replicas may hold rows the new feeder's base rows no longer imply, or rows written at another feeder's
@@ -408,7 +410,8 @@ def _rebuild_lost_position(state: Group0State, transition: TabletTransition, pos
     seed = derived_id(transition.migration_id, "lost")
     table = state.tables[transition.table_id]
     if table.view is None:
-        view_building.rebuild_replica(state, table.id, transition.tablet_id, transition.pending, seed)
+        for replica in state.tablets[table.id].replicas[transition.tablet_id]:
+            view_building.rebuild_replica(state, table.id, transition.tablet_id, replica, seed)
     else:
         _repair_view_position(state, table, position, seed)
 
