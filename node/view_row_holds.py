@@ -46,7 +46,13 @@ class ViewRowHolds:
                 continue
             command = ReleaseViewRows(cmd_id=uuid.uuid4().hex, view_id=view_id, holder=holder, target=target,
                                       hold=number)
-            if self._group0.propose(command, timeout=PROPOSE_TIMEOUT).value:
+            try:
+                outcome = self._group0.propose(command, timeout=PROPOSE_TIMEOUT)
+            except Exception as error:  # noqa: BLE001 - no leader now: the next flush tries again
+                log.info("releasing hold %d of view %s for node %s failed (retried): %s", number, view_id, target,
+                         error)
+                return released
+            if outcome.value:
                 log.info("view rows of view %s for node %s delivered: hold %d released", view_id, target, number)
                 released += 1
         return released
