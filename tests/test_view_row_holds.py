@@ -93,3 +93,35 @@ def test_hold_commands_go_through_the_journal_and_old_snapshots_restore_without_
     restored = Group0State.__new__(Group0State)
     restored.__setstate__(pickle.loads(pickle.dumps(saved)))
     assert restored.held_view_rows == {} and restored.holds_made == 0
+
+
+class InProcessGroup0:
+    """A group0 of one member in process: `read` and `propose` on one state."""
+
+    def __init__(self, state: Group0State):
+        self.state = state
+
+    def read(self, fn):
+        return fn(self.state)
+
+    def propose(self, command, timeout: float):
+        return self.state.apply(command)
+
+
+def test_a_node_releases_its_holds_once_its_outbox_delivered_their_rows(tmp_path):
+    from node.view_row_holds import ViewRowHolds
+    from storage.store import NodeStore
+
+    state, view_id = built_state()
+    store = NodeStore.for_data_dir(tmp_path)
+    try:
+        holds = ViewRowHolds("n1", InProcessGroup0(state), None, store)
+        store.outbox_queue([("n2", b"{}"), ("n3", b"{}")], view_id)
+        holds.hold(view_id, ("n2", "n3"))
+        hold(state, view_id, holder="n2", targets=("n3",))  # another node's: not n1's to release
+        assert holds.release_delivered() == 0
+        store.outbox_ack([e.id for e in store.outbox_pending(target="n2")])
+        assert holds.release_delivered() == 1
+        assert state.view_progress(view_id)["held"] == [("n1", "n3"), ("n2", "n3")]
+    finally:
+        store.close()
