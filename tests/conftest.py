@@ -6,6 +6,7 @@ directory of its own: making one costs 30-40 CPU-seconds, which would land in th
 """
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -17,6 +18,12 @@ from storage.store import NodeStore
 from .postgres import create_database, drop_database, throwaway_postgres
 
 os.environ.setdefault("VBC_SPARK_CLASS_CACHE", "off")
+
+
+def pytest_collection_finish(session):
+    """What the imports made lives as long as the run: the garbage collector's full collections no longer go
+    through it."""
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
