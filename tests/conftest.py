@@ -20,6 +20,11 @@ from .postgres import create_database, drop_database, throwaway_postgres
 os.environ.setdefault("VBC_SPARK_CLASS_CACHE", "off")
 
 
+def pytest_collection_modifyitems(items):
+    """The long tests first (in order otherwise): test workers take them from the start, not as the last ones."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def pytest_collection_finish(session):
     """What the imports made lives as long as the run: the garbage collector's full collections no longer go
     through it."""

@@ -14,6 +14,8 @@ import pytest
 
 from .raft_sim import Simulation, install_world
 
+pytestmark = pytest.mark.long
+
 SEEDS = int(os.environ.get("VBC_RAFT_SIM_SEEDS", "2000"))
 PARTS = 8
 EXERCISED = ("acknowledged", "partitions", "crashes", "power losses", "all members killed", "restarts", "joins")

@@ -8,6 +8,8 @@ import pytest
 
 from .topology_sim import Simulation
 
+pytestmark = pytest.mark.long
+
 CHUNKS = 20
 SEEDS = int(os.environ.get("VBC_TOPOLOGY_SIM_SEEDS", "2000"))  # more with VBC_TOPOLOGY_SIM_SEEDS=N
 COVERAGE_SEEDS = range(60)  # the first schedules, which the coverage test runs (the chunks share the others)

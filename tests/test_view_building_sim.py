@@ -74,6 +74,8 @@ from coordinator.core.schema import BUILD_SUCCESS
 from coordinator.core.state import Group0State
 from worker.tasks import Answer, CancelBatch, PruneLedger, RecordFinished, StartBatch, TasksLeftBatch, WorkerTasks
 
+pytestmark = pytest.mark.long
+
 CHUNKS = 20
 SEEDS = 2000  # schedules: the coverage test runs the first ones, the chunks share the others
 FAULT_STEPS = 80
