@@ -6,6 +6,7 @@ directory of its own: making one costs 30-40 CPU-seconds, which would land in th
 """
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -17,6 +18,32 @@ from storage.store import NodeStore
 from .postgres import create_database, drop_database, throwaway_postgres
 
 os.environ.setdefault("VBC_SPARK_CLASS_CACHE", "off")
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k deselected theirs
+def pytest_collection_modifyitems(items):
+    """The long tests spread over the first three quarters of the run, between the modules of the others (in order
+    otherwise): the test workers, which take consecutive tests, share them and end on short ones."""
+    long = [item for item in items if item.get_closest_marker("long")]
+    short = [item for item in items if not item.get_closest_marker("long")]
+    if not long or not short:
+        return
+    every = max(1, len(short) * 3 // 4 // len(long))
+    ordered, owed = [], every
+    for before, item in zip([None, *short], short):
+        if getattr(item, "module", None) is not getattr(before, "module", None):
+            ordered += long[:owed // every]
+            del long[:owed // every]
+            owed %= every
+        ordered.append(item)
+        owed += 1
+    items[:] = ordered + long
+
+
+def pytest_collection_finish(session):
+    """What the imports made lives as long as the run: the garbage collector's full collections no longer go
+    through it."""
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

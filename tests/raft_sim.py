@@ -49,21 +49,23 @@ class Clock:
 
 
 class Disk:
-    """What each file held when it was last synced (a power loss brings that back)."""
+    """What each file held when it was last synced (a power loss brings that back), by normalized path."""
 
     def __init__(self) -> None:
-        self.synced: dict[Path, bytes] = {}
+        self.synced: dict[str, bytes] = {}
 
     def record(self, path) -> None:
-        path = Path(path)
-        if path.is_file():
-            self.synced[path] = path.read_bytes()
+        try:
+            with open(path, "rb") as file:
+                self.synced[os.path.normpath(path)] = file.read()
+        except (FileNotFoundError, IsADirectoryError):
+            pass
 
     def power_loss(self, directory: Path) -> None:
         for path in directory.iterdir():
             if path.is_file():
-                if path in self.synced:
-                    path.write_bytes(self.synced[path])
+                if str(path) in self.synced:
+                    path.write_bytes(self.synced[str(path)])
                 else:
                     path.unlink()
 
@@ -235,6 +237,26 @@ def private(member: SyncObj, name: str):
     return getattr(member, "_SyncObj__" + name)
 
 
+def log_entries(member: SyncObj) -> list[tuple[bytes, int, int]]:
+    """A copy of the member's Raft log: (command, index, term) entries, as its journal holds them."""
+    journal = private(member, "raftLog")
+    return list(getattr(journal, "_FileJournal__journal", journal))
+
+
+def check_logs_match(a: str, b: str, log_a: list, log_b: list) -> None:
+    """Raft's log matching: two logs that agree on the term of an entry hold the same entries up to it."""
+    entries_a = {entry[1]: (entry[2], entry[0]) for entry in log_a}
+    entries_b = {entry[1]: (entry[2], entry[0]) for entry in log_b}
+    common = sorted(entries_a.keys() & entries_b.keys(), reverse=True)
+    matching = next((index for index in common if entries_a[index][0] == entries_b[index][0]), None)
+    if matching is None:
+        return
+    for index in common:
+        if index <= matching:
+            assert entries_a[index] == entries_b[index], (
+                f"{a} and {b} agree on the term of entry {matching} but differ at entry {index}")
+
+
 class Refusals(logging.Handler):
     """The appends a member refused as changing a committed entry: none of the schedules should see one."""
 
@@ -285,6 +307,7 @@ class Simulation:
         self.high_water: dict[str, tuple[int, int]] = {}  # a running member's highest commit index and applied count
         self.joining: set[str] = set()  # members whose join is not answered yet
         self.to_start: list[str] = []  # members whose join committed, started at the next step
+        self.matched: dict[tuple[str, str], tuple[list, list]] = {}  # two members' logs when last found matching
         for address in self.addresses:
             self.start(address, [a for a in self.addresses if a != address])
 
@@ -468,7 +491,7 @@ class Simulation:
                 assert self.leaders.setdefault(term, address) == address, (
                     f"two leaders in term {term}: {self.leaders[term]} and {address}")
                 self.check_leader_holds_acknowledged(member, term)
-            logs[address] = {entry[1]: (entry[2], entry[0]) for entry in private(member, "raftLog")}
+            logs[address] = log_entries(member)
             self.check_applied(address, member.applied)
             self.check_no_regression(address, member)
         self.check_log_matching(logs)
@@ -487,19 +510,16 @@ class Simulation:
         assert longer[:len(shorter)] == shorter, f"{address} applied {applied}, another member {self.history}"
         self.history = list(longer)
 
-    @staticmethod
-    def check_log_matching(logs: dict) -> None:
+    def check_log_matching(self, logs: dict[str, list]) -> None:
+        """Every two members' logs match (`check_logs_match`); a pair whose logs are both as they were at its last
+        check is not checked again."""
         members = list(logs)
         for i, a in enumerate(members):
             for b in members[i + 1:]:
-                common = sorted(set(logs[a]) & set(logs[b]), reverse=True)
-                matching = next((index for index in common if logs[a][index][0] == logs[b][index][0]), None)
-                if matching is None:
-                    continue
-                for index in common:
-                    if index <= matching:
-                        assert logs[a][index] == logs[b][index], (
-                            f"{a} and {b} agree on the term of entry {matching} but differ at entry {index}")
+                pair = (logs[a], logs[b])
+                if self.matched.get((a, b)) != pair:
+                    check_logs_match(a, b, *pair)
+                    self.matched[(a, b)] = pair
 
     def check_leader_holds_acknowledged(self, leader: Member, term: int) -> None:
         """A leader of a later term holds every proposal acknowledged before (applied, or in its log)."""
@@ -508,7 +528,7 @@ class Simulation:
         if not missing:
             return
         in_log = set()
-        for entry in private(leader, "raftLog"):
+        for entry in log_entries(leader):
             command = entry[0]
             if command[:1] == b"\x00":
                 in_log |= {arg for arg in pickle.loads(command[1:])[1] if isinstance(arg, int)}

@@ -1,7 +1,7 @@
 """Seeded schedules of group0's Raft members on a simulated network, clock and disk (`tests.raft_sim`): drops,
 reorders, partitions, crashes, power losses, all members killed at once, joins under a partition, compactions.
 
-`VBC_RAFT_SIM_SEEDS=N` runs N schedules (default 2,000, in four parts that test workers share)."""
+`VBC_RAFT_SIM_SEEDS=N` runs N schedules (default 2,000, in eight parts that test workers share)."""
 from __future__ import annotations
 
 import os
@@ -14,8 +14,10 @@ import pytest
 
 from .raft_sim import Simulation, install_world
 
+pytestmark = pytest.mark.long
+
 SEEDS = int(os.environ.get("VBC_RAFT_SIM_SEEDS", "2000"))
-PARTS = 4
+PARTS = 8
 EXERCISED = ("acknowledged", "partitions", "crashes", "power losses", "all members killed", "restarts", "joins")
 
 

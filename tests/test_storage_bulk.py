@@ -89,6 +89,9 @@ VALUES = {
 PARTITIONS = st.sampled_from(["a", "é", "\U0001f600"])
 CLUSTERINGS = st.tuples(st.sampled_from([0.0, 1.5, -math.inf, math.nan]), st.sampled_from([-1, 7]))
 TIMESTAMPS = st.integers(1, 4)
+# Built once: hypothesis validates a strategy object the first time it draws from it
+MAYBE_TIMESTAMPS = st.none() | TIMESTAMPS
+MAYBE_VALUES = {name: st.none() | values for name, values in VALUES.items()}
 
 
 def token_for(partition: str) -> int:
@@ -104,8 +107,8 @@ def stored_rows(draw) -> Row:
     cells = {}
     for column in REGULAR:
         if draw(st.booleans()):
-            cells[column.name] = Cell(draw(st.none() | VALUES[column.type]), draw(TIMESTAMPS))
-    marker, tomb = draw(st.none() | TIMESTAMPS), draw(st.none() | TIMESTAMPS)
+            cells[column.name] = Cell(draw(MAYBE_VALUES[column.type]), draw(TIMESTAMPS))
+    marker, tomb = draw(MAYBE_TIMESTAMPS), draw(MAYBE_TIMESTAMPS)
     if marker is None and tomb is None and not cells:
         marker = 1
     return Row(token_for(partition), (partition, *draw(CLUSTERINGS)), marker, tomb, cells)
@@ -253,15 +256,18 @@ def assert_same_tables(store: NodeStore, merged: TableSpec, applied: TableSpec) 
 
 @st.composite
 def merge_rows(draw) -> dict:
-    values = {c.name: draw(st.none() | VALUES[c.type]) for c in REGULAR if draw(st.booleans())}
+    values = {c.name: draw(MAYBE_VALUES[c.type]) for c in REGULAR if draw(st.booleans())}
     return view_row(draw(PARTITIONS), draw(CLUSTERINGS), draw(TIMESTAMPS), **values)
+
+
+MERGE_ROWS = merge_rows()
 
 
 @st.composite
 def live_rows(draw) -> dict | tuple:
     """A live view update: an upsert (a dict, like merge rows) or a delete ((partition, clustering, ts))."""
     if draw(st.booleans()):
-        return draw(merge_rows())
+        return draw(MERGE_ROWS)
     return (draw(PARTITIONS), draw(CLUSTERINGS), draw(TIMESTAMPS))
 
 

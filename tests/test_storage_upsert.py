@@ -33,17 +33,22 @@ VALUES = {
     "d": st.sampled_from([math.nan, math.inf, -math.inf, 1.5, -2.0, 5e-324, 0.0, -0.0]),
 }
 STAMPS = st.integers(1, 5)  # few timestamps: many ties
+# Built once: hypothesis validates a strategy object the first time it draws from it
+KEYS = st.sampled_from([("a", 1), ("a", 2), ("b", 1)])
+COLUMN_SETS = st.lists(st.sampled_from([c.name for c in REGULAR]), unique=True, max_size=4)
+MAYBE_VALUES = {column: st.none() | values for column, values in VALUES.items()}
+MAYBE_STAMPS = st.none() | STAMPS
 
 
 @st.composite
 def mutations(draw) -> Row:
-    key = draw(st.sampled_from([("a", 1), ("a", 2), ("b", 1)]))
+    key = draw(KEYS)
     cells = {}
-    for column in draw(st.lists(st.sampled_from([c.name for c in REGULAR]), unique=True, max_size=4)):
-        value = draw(st.none() | VALUES[column])
+    for column in draw(COLUMN_SETS):
+        value = draw(MAYBE_VALUES[column])
         cells[column] = Cell(value, draw(STAMPS))
-    marker_ts = draw(st.none() | STAMPS)
-    tomb_ts = draw(st.none() | STAMPS)
+    marker_ts = draw(MAYBE_STAMPS)
+    tomb_ts = draw(MAYBE_STAMPS)
     if marker_ts is None and tomb_ts is None and not cells:
         marker_ts = draw(STAMPS)
     return Row(hash(key[0]) % 1000, key, marker_ts, tomb_ts, cells)

@@ -27,6 +27,11 @@ SMALL = {
 REGULAR = (Column("a", "double"), Column("b", "text"), Column("c", "int"), Column("d", "boolean"),
            Column("e", "bigint"))
 OPS = ("IS NOT NULL", "IN", "=", "!=", "<", "<=", ">", ">=")
+# Built once: hypothesis validates a strategy object the first time it draws from it
+STAMP = st.integers(1, 4)
+MOSTLY_STAMP = st.one_of(STAMP, STAMP, st.none())
+RARELY_STAMP = st.one_of(st.none(), st.none(), STAMP)
+MOSTLY_VALUE = {name: st.one_of(values, values, st.none()) for name, values in SMALL.items()}
 
 
 @st.composite
@@ -68,15 +73,14 @@ def states(draw, base: Table, key: dict, view_ts: int | None) -> Row | None:
     """A stored row state of `key`: any marker, tombstone and cells, timestamps in a small range (ties)."""
     if view_ts is None and draw(st.booleans()):
         return None
-    stamp = st.integers(1, 4)
     cells = {}
     for column in REGULAR:
-        ts = draw(st.one_of(stamp, stamp, st.none()))
+        ts = draw(MOSTLY_STAMP)
         if ts is not None:
-            cells[column.name] = Cell(draw(st.one_of(SMALL[column.type], SMALL[column.type], st.none())), ts)
-    marker, tomb = draw(st.one_of(stamp, stamp, st.none())), draw(st.one_of(st.none(), st.none(), stamp))
+            cells[column.name] = Cell(draw(MOSTLY_VALUE[column.type]), ts)
+    marker, tomb = draw(MOSTLY_STAMP), draw(RARELY_STAMP)
     return Row(partition_token(base, key), (key["pk"], key["ck"]), marker, tomb, cells,
-               view_ts if view_ts is not None else draw(stamp))
+               view_ts if view_ts is not None else draw(STAMP))
 
 
 @st.composite

@@ -173,6 +173,7 @@ class Simulation:
         self.log: list[Command] = []
         self.truth = Group0State()
         self.model: dict[tuple, Row] = {}  # the client's base rows: every write it made, merged
+        self.shown: dict[int, tuple[Row, dict | None]] = {}  # id(row) -> the row and what a read shows of it
         self.clock = 100
         self.writes: list[Write] = []
         self.retries: list[Row] = []
@@ -230,6 +231,13 @@ class Simulation:
 
     def up_nodes(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.up]
+
+    def visible(self, table, row: Row) -> dict | None:
+        """`visible_row`, once per stored row (rows are values: a write stores a new one)."""
+        shown = self.shown.get(id(row))
+        if shown is None or shown[0] is not row:
+            shown = self.shown[id(row)] = (row, visible_row(table, row))
+        return shown[1]
 
     # ------------------------------------------------------------- writes
 
@@ -406,7 +414,7 @@ class Simulation:
         for."""
         view_rows = []
         for row in base_rows:
-            mapped = view_row(view, visible_row(self.table, row))
+            mapped = view_row(view, self.visible(self.table, row))
             if mapped is not None:
                 view_rows.append(upsert_row(view, mapped[1], row.view_ts or write_ts(row)))
         table = pa.table({"token": pa.array([r.token for r in view_rows], pa.int64()),
@@ -684,13 +692,13 @@ class Simulation:
             return
         for key, row in node.table_rows(read.table_id).items():
             if first <= row.token <= last and is_live(row):
-                read.rows[key] = visible_row(self.table, row)
+                read.rows[key] = self.visible(self.table, row)
         if not read.ranges:
             self.reads.remove(read)
             self.check_read(read)
 
     def check_read(self, read: Read) -> None:
-        expected = {key: visible_row(self.table, row) for key, row in self.model.items()
+        expected = {key: self.visible(self.table, row) for key, row in self.model.items()
                     if key not in read.dirty and is_live(row)}
         got = {key: values for key, values in read.rows.items() if key not in read.dirty}
         assert got == expected, f"a read returned {sorted(got.items())}, the model holds {sorted(expected.items())}"
@@ -794,7 +802,7 @@ class Simulation:
         if self.deaths:
             return
         dirty = {row.key for row in self.retries}
-        live = {key: visible_row(self.table, row) for key, row in self.model.items()
+        live = {key: self.visible(self.table, row) for key, row in self.model.items()
                 if is_live(row) and key not in dirty}
         for view in self.truth.views_of(BASE):
             if not self.truth.view_is_built(view.id):
@@ -820,7 +828,7 @@ class Simulation:
         """Every replica of the base and of every view holds exactly the rows the client's model implies."""
         for node in self.up_nodes():
             self.catch_up(node)
-        live = {key: visible_row(self.table, row) for key, row in self.model.items() if is_live(row)}
+        live = {key: self.visible(self.table, row) for key, row in self.model.items() if is_live(row)}
         self.check_table(BASE, {key: values for key, values in live.items()}, lambda key: self.model[key].token)
         for view in self.truth.views_of(BASE):
             assert self.truth.view_is_built(view.id), f"view {view.name} is not built at the end"
@@ -838,7 +846,8 @@ class Simulation:
             if read_replicas_only:
                 replicas = core_migrations.read_replicas(self.truth, table_id, tablet)
             for replica in replicas:
-                held = {key: visible_row(table, row) for key, row in self.nodes[replica.node].table_rows(table_id).items()
+                stored = self.nodes[replica.node].table_rows(table_id)
+                held = {key: self.visible(table, row) for key, row in stored.items()
                         if first <= row.token <= last and is_live(row) and not skip(key)}
                 assert held == wanted, (
                     f"{table.name} tablet {tablet} on {replica}: missing {sorted(set(wanted) - set(held))}, "

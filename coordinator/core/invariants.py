@@ -71,63 +71,84 @@ def check_holds(state: Group0State) -> None:
 def check_tablet_maps(state: Group0State) -> None:
     assert set(state.tablets) == set(state.tables), \
         f"tables without a tablet map or maps without a table: {set(state.tablets) ^ set(state.tables)}"
+    nodes = state.nodes
     for table_id, tablet_map in state.tablets.items():
         assert tablet_map.table_id == table_id and tablet_map.replicas, f"tablet map of {table_id} is empty or misfiled"
         for tablet, replicas in enumerate(tablet_map.replicas):
-            where = f"tablet {tablet} of {state.tables[table_id].qualified_name}"
-            assert replicas, f"{where} has no replica"
-            nodes = [r.node for r in replicas]
-            assert len(set(nodes)) == len(nodes), f"{where} has two replicas on one node: {replicas}"
+            assert replicas, f"{_tablet(state, table_id, tablet)} has no replica"
+            assert len({r.node for r in replicas}) == len(replicas), \
+                f"{_tablet(state, table_id, tablet)} has two replicas on one node: {replicas}"
             for replica in replicas:
-                node = state.nodes.get(replica.node)
-                assert node is not None, f"{where} has a replica on unknown node {replica.node}"
-                assert 0 <= replica.shard < node.shards, f"{where} has a replica on missing shard {replica}"
+                node = nodes.get(replica.node)
+                assert node is not None, \
+                    f"{_tablet(state, table_id, tablet)} has a replica on unknown node {replica.node}"
+                assert 0 <= replica.shard < node.shards, \
+                    f"{_tablet(state, table_id, tablet)} has a replica on missing shard {replica}"
+
+
+def _tablet(state: Group0State, table_id: str, tablet: int) -> str:
+    return f"tablet {tablet} of {state.tables[table_id].qualified_name}"
 
 
 def check_transitions(state: Group0State) -> None:
     for (table_id, tablet), transition in state.transitions.items():
-        where = f"migration {transition.migration_id} of tablet {tablet} of table {table_id}"
-        assert (transition.table_id, transition.tablet_id) == (table_id, tablet), f"{where} is filed under another"
-        assert table_id in state.tablets and tablet < state.tablets[table_id].tablet_count, f"{where}: no such tablet"
-        assert transition.stage in _KIND_STAGES[transition.kind], f"{where}: a {transition.kind} at {transition.stage}"
+        assert (transition.table_id, transition.tablet_id) == (table_id, tablet), \
+            f"{_migration(transition, table_id, tablet)} is filed under another"
+        assert table_id in state.tablets and tablet < state.tablets[table_id].tablet_count, \
+            f"{_migration(transition, table_id, tablet)}: no such tablet"
+        assert transition.stage in _KIND_STAGES[transition.kind], \
+            f"{_migration(transition, table_id, tablet)}: a {transition.kind} at {transition.stage}"
         replicas = state.tablets[table_id].replicas[tablet]
-        assert transition.leaving in replicas, f"{where}: leaving replica {transition.leaving} not in {replicas}"
+        assert transition.leaving in replicas, \
+            f"{_migration(transition, table_id, tablet)}: leaving replica {transition.leaving} not in {replicas}"
         if transition.kind != migrations.REMOVE:
             others = replicas if transition.kind == migrations.ADD else tuple(
                 r for r in replicas if r != transition.leaving)
             assert transition.pending.node not in {r.node for r in others}, \
-                f"{where}: pending replica {transition.pending} on a node that holds the tablet"
+                f"{_migration(transition, table_id, tablet)}: pending replica {transition.pending} on a node that " \
+                f"holds the tablet"
         if transition.kind == migrations.REMOVE:
-            assert replicas[-1] == transition.leaving and len(replicas) > 1, f"{where}: removes {transition.leaving}"
+            assert replicas[-1] == transition.leaving and len(replicas) > 1, \
+                f"{_migration(transition, table_id, tablet)}: removes {transition.leaving}"
+
+
+def _migration(transition, table_id: str, tablet: int) -> str:
+    return f"migration {transition.migration_id} of tablet {tablet} of table {table_id}"
 
 
 def check_tasks(state: Group0State) -> None:
+    transitions = state.transitions
     for task in state.tasks.values():
-        where = f"task {task.id} of view {task.view_id}"
-        assert task.base_id in state.tablets, f"{where}: its base table is gone"
+        assert task.base_id in state.tablets, f"{_task(task)}: its base table is gone"
         view = state.tables.get(task.view_id) if task.view_id is not None else None
         assert task.view_id is None or (view is not None and view.view.base_id == task.base_id), \
-            f"{where}: not a view of base {task.base_id}"
+            f"{_task(task)}: not a view of base {task.base_id}"
         base_map = state.tablets[task.base_id]
-        assert 0 <= task.tablet_id < base_map.tablet_count, f"{where}: tablet {task.tablet_id} does not exist"
+        assert 0 <= task.tablet_id < base_map.tablet_count, f"{_task(task)}: tablet {task.tablet_id} does not exist"
         replicas = base_map.replicas[task.tablet_id]
-        assert task.replica in replicas, f"{where}: on {task.replica}, not a replica of tablet {task.tablet_id}"
-        transition = migrations.transition_of(state, task.base_id, task.tablet_id)
+        assert task.replica in replicas, f"{_task(task)}: on {task.replica}, not a replica of tablet {task.tablet_id}"
+        transition = transitions.get((task.base_id, task.tablet_id)) if transitions else None
         moving_away = transition is not None and transition.kind == migrations.MOVE \
             and transition.leaving == task.replica
         assert task.aborted == moving_away, \
-            f"{where}: aborted={task.aborted} on {task.replica}, which {'moves' if moving_away else 'stays'}"
+            f"{_task(task)}: aborted={task.aborted} on {task.replica}, which {'moves' if moving_away else 'stays'}"
         assert transition is None or transition.kind != migrations.REMOVE or transition.leaving != task.replica, \
-            f"{where}: on {task.replica}, which an RF decrease removes (base position 0 builds for it)"
+            f"{_task(task)}: on {task.replica}, which an RF decrease removes (base position 0 builds for it)"
         if task.view_id is not None:
             assert state.build_status.get((task.view_id, task.replica.node)) == BUILD_STARTED, \
-                f"{where}: node {task.replica.node} holds it but the view's build there is not STARTED"
+                f"{_task(task)}: node {task.replica.node} holds it but the view's build there is not STARTED"
+
+
+def _task(task) -> str:
+    return f"task {task.id} of view {task.view_id}"
 
 
 def check_building(state: Group0State) -> None:
+    transitions = state.transitions
     for table_id, tablet_map in state.tablets.items():
         for tablet, replicas in enumerate(tablet_map.replicas):
-            assert migrations.feeding_count(replicas, migrations.transition_of(state, table_id, tablet)) >= 1, \
+            transition = transitions.get((table_id, tablet)) if transitions else None
+            assert migrations.feeding_count(replicas, transition) >= 1, \
                 f"tablet {tablet} of table {table_id} has no replica feeding its views"
     for base in state.processing_bases:
         assert base in state.tables and state.tables[base].view is None, \
