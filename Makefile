@@ -22,10 +22,12 @@ $(STAMP): requirements.lock pyproject.toml
 test: lint check-proto
 	$(PYTHON) -m pytest -q -p no:cacheprovider
 
-# The inner loop: every test that starts no node process (pure core, adapters in-process, fakes). Three workers on
-# two cores: many of these tests wait (Raft elections, child processes, gRPC deadlines) as much as they compute.
+# The inner loop: every test that starts no node process (pure core, adapters in-process, fakes), the simulations'
+# schedules at half length (`make test` runs them at full length too). Three workers on two cores: many of these
+# tests wait (Raft elections, child processes, gRPC deadlines) as much as they compute. Bytecode is cached even where
+# the environment says not to: each worker would otherwise compile every module it collects, on every run.
 test-fast: venv
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration" -n 3
+	PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration and not deep" -n 3
 
 # The layer order (pyproject.toml [tool.importlinter]): a lower layer importing a higher one fails.
 lint: venv

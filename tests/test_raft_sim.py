@@ -1,7 +1,8 @@
 """Seeded schedules of group0's Raft members on a simulated network, clock and disk (`tests.raft_sim`): drops,
 reorders, partitions, crashes, power losses, all members killed at once, joins under a partition, compactions.
 
-`VBC_RAFT_SIM_SEEDS=N` runs N schedules (default 2,000, in eight parts that test workers share)."""
+`VBC_RAFT_SIM_SEEDS=N` runs N schedules (default 2,000, in eight parts that test workers share): of 150 steps each in
+`make test-fast`, and again at their full 300 steps in `make test` (marked `deep`)."""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,8 @@ pytestmark = pytest.mark.long
 
 SEEDS = int(os.environ.get("VBC_RAFT_SIM_SEEDS", "2000"))
 PARTS = 8
+STEPS = 150  # the inner loop's schedules
+DEEP_STEPS = 300  # the same schedules at full length (`make test`)
 EXERCISED = ("acknowledged", "partitions", "crashes", "power losses", "all members killed", "restarts", "joins")
 
 
@@ -37,10 +40,20 @@ def world(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("part", range(PARTS))
 def test_seeded_schedules_keep_raft_safe(world, part):
+    run_part(world, part, STEPS)
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("part", range(PARTS))
+def test_seeded_schedules_at_full_length_keep_raft_safe(world, part):
+    run_part(world, part, DEEP_STEPS)
+
+
+def run_part(world, part: int, steps: int) -> None:
     clock, disk, root = world
     stats: Counter = Counter()
     for seed in range(part, SEEDS, PARTS):
-        simulation = Simulation(seed, root / str(seed), stats, clock, disk)
+        simulation = Simulation(seed, root / str(seed), stats, clock, disk, steps=steps)
         try:
             simulation.run()
         except AssertionError as error:

@@ -1,4 +1,7 @@
-"""Seeded schedules of the data simulation (tests/topology_sim.py): exact through every topology change."""
+"""Seeded schedules of the data simulation (tests/topology_sim.py): exact through every topology change.
+
+2,000 schedules in `make test-fast`: the first 60 at full length (120 steps; the coverage test), the others at half
+length; `make test` runs those again at full length (marked `deep`)."""
 from __future__ import annotations
 
 import os
@@ -13,7 +16,8 @@ pytestmark = pytest.mark.long
 CHUNKS = 20
 SEEDS = int(os.environ.get("VBC_TOPOLOGY_SIM_SEEDS", "2000"))  # more with VBC_TOPOLOGY_SIM_SEEDS=N
 COVERAGE_SEEDS = range(60)  # the first schedules, which the coverage test runs (the chunks share the others)
-STEPS = 120
+STEPS = 60  # the inner loop's schedules (`make test-fast`)
+DEEP_STEPS = 120  # the same schedules at full length (`make test`, marked `deep`)
 EXERCISED = ("writes", "late writes", "deletes", "writes retried", "views created", "batches finished",
              "batches failed", "reads checked", "read ranges re-planned", "splits", "merges requested",
              "proposed MergeTablets", "rf changes", "operator moves", "nodes added", "nodes decommissioned",
@@ -23,10 +27,10 @@ EXERCISED = ("writes", "late writes", "deletes", "writes retried", "views create
              "schedules checked")
 
 
-def run_seeds(seeds, stats: Counter) -> None:
+def run_seeds(seeds, stats: Counter, steps: int = STEPS) -> None:
     for seed in seeds:
         try:
-            Simulation(seed, stats).run(STEPS)
+            Simulation(seed, stats).run(steps)
         except AssertionError as error:
             raise AssertionError(f"schedule seed {seed}: {error}") from error
 
@@ -36,10 +40,16 @@ def test_every_replica_equals_its_function_of_the_base_after_random_schedules(ch
     run_seeds(range(COVERAGE_SEEDS.stop + chunk, SEEDS, CHUNKS), Counter())
 
 
+@pytest.mark.deep
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_every_replica_equals_its_function_of_the_base_after_full_length_schedules(chunk):
+    run_seeds(range(COVERAGE_SEEDS.stop + chunk, SEEDS, CHUNKS), Counter(), DEEP_STEPS)
+
+
 def test_the_schedules_exercise_every_operation_and_fault():
     """The first schedules, checked as every other, exercise every operation and fault between them."""
     stats: Counter = Counter()
-    run_seeds(COVERAGE_SEEDS, stats)
+    run_seeds(COVERAGE_SEEDS, stats, DEEP_STEPS)
     never = [kind for kind in EXERCISED if not stats[kind]]
     print("\n".join(f"{kind}: {count}" for kind, count in sorted(stats.items())))
     assert not never, f"never exercised: {never}"
