@@ -65,6 +65,8 @@ def test_holds_go_with_their_view_and_are_not_made_for_a_dropped_one():
     assert state.apply({"op": "drop_view", "cmd_id": None, "keyspace": "ks", "name": "mv"}).ok
     assert state.held_view_rows == {}
     assert hold(state, view_id) == 0
+    base_id = next(t.id for t in state.tables.values() if t.view is None)
+    assert hold(state, base_id) == 0 and state.held_view_rows == {}
     state.validate()
 
 

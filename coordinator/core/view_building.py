@@ -341,8 +341,10 @@ def record_task_progress(state: Group0State, cmd: RecordTaskProgress) -> int:
 
 def hold_view_rows(state: Group0State, cmd: HoldViewRows) -> int:
     """Record that `holder`'s outbox holds the view's rows for each target, numbering each hold; the holds made
-    (none for a dropped view, or a holder or target removed from the cluster: their rows are moot)."""
-    if cmd.view_id not in state.tables or cmd.holder in state.removed_nodes:
+    (none for a dropped view or a table that is no view, nor for a holder or target removed from the cluster: their
+    rows are moot)."""
+    view = state.tables.get(cmd.view_id)
+    if view is None or view.view is None or cmd.holder in state.removed_nodes:
         return 0
     made = 0
     for target in sorted(set(cmd.targets) - state.removed_nodes):
