@@ -1,4 +1,5 @@
-"""The node's database of tablet replicas: one SQL table per TableSpec, a table catalog and a durable outbox."""
+"""The node's database of tablet replicas: one SQL table per TableSpec, a table catalog, a durable outbox and a
+staging area."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,17 +11,18 @@ from .outbox import StoreOutbox
 from .physical import PhysicalTable
 from .rows import StoreRows
 from .schema import StoreSchema
+from .staging import StoreStaging, staging_table
 from .writes import StoreWrites
 
 
-class NodeStore(StoreWrites, StoreRows, StoreSchema, StoreOutbox, StoreEngine):
+class NodeStore(StoreWrites, StoreRows, StoreSchema, StoreOutbox, StoreStaging, StoreEngine):
     """The node's store, built on SQLAlchemy Core: SQLite (WAL mode) by default; any SQLAlchemy URL, e.g. PostgreSQL,
     by configuration. One NodeStore owns its database: writers are serialised inside the store (and, on PostgreSQL,
     by a transaction-level advisory lock), readers run concurrently with the writer.
 
     Composed of its parts, one module each: connections, writer lock and checkpoints (storage.engine), tables and
     their catalog (storage.schema), writes (storage.writes), reads by key and token range (storage.rows) and the
-    outbox (storage.outbox).
+    outbox (storage.outbox) and the staging area of bulk loads (storage.staging).
     """
 
     def __init__(self, url: str | sa.URL) -> None:
@@ -29,6 +31,7 @@ class NodeStore(StoreWrites, StoreRows, StoreSchema, StoreOutbox, StoreEngine):
         metadata = sa.MetaData()
         self._outbox = outbox_table(metadata)
         self._catalog = catalog_table(metadata)
+        self._staging = staging_table(metadata)
         with self._write_transaction() as conn:
             metadata.create_all(conn)
             self._add_outbox_view_column(conn)

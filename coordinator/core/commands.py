@@ -367,6 +367,20 @@ class ReleaseViewRows(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RegisterStagedRows(Command):
+    """Replica (`node`, `shard`) of tablet `tablet_id` (of `tablet_count`) of base table `base_id` holds staged rows
+    numbered up to `through` for the tablet: a `process_staging` task must move them into the base."""
+
+    op: ClassVar[str] = "register_staged_rows"
+    base_id: str
+    node: str
+    shard: int
+    tablet_id: int
+    tablet_count: int
+    through: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class CreateRole(Command):
     """A role; `password_hash` is the salted slow hash the proposer made ("": no password login)."""
 
@@ -427,7 +441,7 @@ COMMANDS: tuple[type[Command], ...] = (RegisterNode, CreateKeyspace, AlterKeyspa
                                        StartTabletMigration,
                                        AdvanceTabletMigration, SplitTablets, RequestTabletMerge, MergeTablets,
                                        DecommissionNode, RemoveNode, SetBalancer, SetBuildSettings, RecordTaskProgress,
-                                       SetViewPaused, HoldViewRows, ReleaseViewRows,
+                                       SetViewPaused, HoldViewRows, ReleaseViewRows, RegisterStagedRows,
                                        CreateRole, AlterRole,
                                        DropRole, GrantPermissions, RevokePermissions)
 COMMANDS_BY_OP: dict[str, type[Command]] = {cls.op: cls for cls in COMMANDS}

@@ -22,7 +22,7 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
-def check_id(value: str) -> str:
-    if len(value) != 32 or any(c not in "0123456789abcdef" for c in value):
+def check_id(value: str | None) -> str:
+    if not isinstance(value, str) or len(value) != 32 or any(c not in "0123456789abcdef" for c in value):
         raise InvalidArgument(f"invalid id {value!r}: expected 32 lowercase hex characters")
     return value

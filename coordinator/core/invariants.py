@@ -9,7 +9,8 @@ Each check raises AssertionError naming what contradicts what. They are the rule
 - feeders: every base tablet keeps a replica that feeds view replicas (`migrations.feeding_count` >= 1);
 - tasks: of an existing base tablet and one of its views, on a current replica of the tablet; aborted exactly when
   that replica is being moved away; none on a replica an RF decrease removes; a node holding a task of a view has
-  the view's build STARTED there, so a view with tasks left is not BUILT;
+  the view's build STARTED there, so a view with tasks left is not BUILT; a process_staging task names no view and
+  its tablet is not in transition;
 - the processing bases (distinct) and the merge requests name existing base tables;
 - progress: a view's rows_done covers what its running tasks reported (`task_rows`); the build settings are in
   range; paused views exist;
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import build_settings, migrations
-from .schema import BUILD_STARTED
+from .schema import BUILD_STARTED, TASK_PROCESS_STAGING
 
 if TYPE_CHECKING:
     from .state import Group0State
@@ -128,6 +129,11 @@ def check_tasks(state: Group0State) -> None:
         replicas = base_map.replicas[task.tablet_id]
         assert task.replica in replicas, f"{_task(task)}: on {task.replica}, not a replica of tablet {task.tablet_id}"
         transition = transitions.get((task.base_id, task.tablet_id)) if transitions else None
+        if task.type == TASK_PROCESS_STAGING:
+            assert transition is None and not task.aborted, \
+                f"{_task(task)}: staged rows of tablet {task.tablet_id} wait while it is in transition"
+            assert task.view_id is None, f"{_task(task)}: a process_staging task names no view"
+            continue
         moving_away = transition is not None and transition.kind == migrations.MOVE \
             and transition.leaving == task.replica
         assert task.aborted == moving_away, \

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from . import view_building
+from . import staging, view_building
 from .commands import AdvanceTabletMigration, StartTabletMigration
 from .errors import FailedPrecondition, InvalidArgument, NotFound, StaleTerm
 from .ids import check_id, derived_id
@@ -282,6 +282,7 @@ def _check_move(state: Group0State, cmd: StartTabletMigration, leaving: Replica,
         raise InvalidArgument(f"{leaving} is not a replica of tablet {cmd.tablet_id} of {table.qualified_name} "
                               f"(its replicas: {', '.join(map(str, replicas))})")
     _check_not_busy(state, table.qualified_name, cmd)
+    staging.check_no_staging(state, cmd.table_id, cmd.tablet_id, f"{cmd.kind} of tablet {cmd.tablet_id}")
     if cmd.source_node and (Replica(cmd.source_node, cmd.source_shard) not in replicas
                             or cmd.source_node == leaving.node):
         raise InvalidArgument(f"the rows of tablet {cmd.tablet_id} can be streamed only from another of its replicas "

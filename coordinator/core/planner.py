@@ -30,7 +30,8 @@ A live task whose base replica feeds a view position that an RF increase has not
 
 Batch of a replica: the live tasks of one processing base on that (node, shard), of its lowest tablet id, one
 per view (the smallest task id of each view), ids sorted; tasks the loop holds as finished are never sent again.
-A replica's batches take the processing bases in turn (the one after the base of its last batch that has tasks
+A replica's `process_staging` tasks (`coordinator.core.staging`) go first, whatever the processing bases: every task of
+its first (base, tablet) in one batch. A replica's build batches take the processing bases in turn (the one after the base of its last batch that has tasks
 there), so every base being built makes progress on a replica that holds several. Every alive replica that is not
 busy and has such tasks gets one batch, so every shard of every node works in parallel.
 """
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .commands import Command, FinishViewBuildingTasks, SetProcessingBases
 from .migrations import fewest_view_replicas, view_replica_missing
-from .schema import TASK_BUILD_RANGE, Replica, Task
+from .schema import TASK_BUILD_RANGE, TASK_PROCESS_STAGING, Replica, Task
 from .view_building import is_paused, unsettled_statuses
 
 if TYPE_CHECKING:
@@ -92,7 +93,11 @@ def plan_dispatch(state: Group0State, term: int, busy: Set[Replica], live_nodes:
 
 def _next_batch_of(queues: Mapping[str, tuple[Task, ...]], bases: Sequence[str], last: str | None,
                    finished: Set[str]) -> tuple[str, ...]:
-    """The next batch of a replica: from the first base after `last` (in `bases` order, round) that has one."""
+    """The next batch of a replica: its staged rows first (a bulk load waits for them), then from the first base
+    after `last` (in `bases` order, round) that has one."""
+    staged = next_staging_batch(queues.get(STAGING, ()), finished)
+    if staged:
+        return staged
     for base in rotated(bases, last):
         ids = next_batch(queues.get(base, ()), finished)
         if ids:
@@ -173,19 +178,41 @@ def _processing_base_commands(state: Group0State, term: int) -> tuple[Command, .
 
 
 ReplicaQueues = Mapping[Replica, Mapping[str, tuple[Task, ...]]]
+STAGING = "staging"  # the key of a replica's process_staging tasks in its queues (no table id looks like it)
 
 
 def replica_queues(state: Group0State, base_ids: Sequence[str]) -> dict[Replica, dict[str, tuple[Task, ...]]]:
-    """Every replica's live tasks of each base in `base_ids`, in dispatch order: by tablet id, then task id."""
+    """Every replica's live tasks of each base in `base_ids`, in dispatch order: by tablet id, then task id; and
+    under `STAGING` its `process_staging` tasks of every base, by base, tablet id and task id."""
     by_replica: dict[Replica, dict[str, list[Task]]] = {}
+    for task in state.tasks.values():
+        if task.type == TASK_PROCESS_STAGING and not task.aborted:
+            by_replica.setdefault(task.replica, {}).setdefault(STAGING, []).append(task)
     fewest = {view.id: fewest_view_replicas(state, view.id) for base_id in base_ids
               for view in state.views_of(base_id) if view.id in state.tablets}
     for task in state.tasks.values():
         if task.base_id in base_ids and is_sendable(state, task) and \
                 view_replica_missing(state, task, fewest) is None:
             by_replica.setdefault(task.replica, {}).setdefault(task.base_id, []).append(task)
-    return {replica: {base: tuple(sorted(tasks, key=lambda t: (t.tablet_id, t.id))) for base, tasks in queues.items()}
+    return {replica: {base: tuple(sorted(tasks, key=lambda t: (t.base_id, t.tablet_id, t.id)))
+                      for base, tasks in queues.items()}
             for replica, queues in by_replica.items()}
+
+
+def next_staging_batch(queue: Iterable[Task], finished: Set[str] = frozenset()) -> tuple[str, ...]:
+    """From one replica's `STAGING` queue: every unfinished task of its first (base, tablet), as sorted ids (one
+    pass over the staged rows serves them all)."""
+    first: tuple[str, int] | None = None
+    chosen = []
+    for task in queue:
+        if task.id in finished:
+            continue
+        if first is None:
+            first = (task.base_id, task.tablet_id)
+        elif (task.base_id, task.tablet_id) != first:
+            break
+        chosen.append(task.id)
+    return tuple(sorted(chosen))
 
 
 def next_batch(queue: Iterable[Task], finished: Set[str] = frozenset()) -> tuple[str, ...]:

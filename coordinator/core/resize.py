@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import migrations, view_building
+from . import migrations, staging, view_building
 from .commands import MergeTablets, RequestTabletMerge, SplitTablets
 from .errors import FailedPrecondition, InvalidArgument, NotFound
 from .ids import check_id
@@ -125,6 +125,7 @@ def _table(state: Group0State, table_id: str) -> tuple[Table, TabletMap]:
 
 
 def _check_quiet(state: Group0State, table: Table, what: str) -> None:
+    staging.check_no_staging(state, table.id, None, f"a {what} of the tablets")
     moving = migrations.transitions_of_table(state, table.id)
     if moving:
         raise FailedPrecondition(f"cannot {what} {table.qualified_name} while tablet(s) "

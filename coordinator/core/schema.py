@@ -117,8 +117,9 @@ class TabletMap:
 
 @dataclass(frozen=True)
 class Task:
-    """One build task: `replica` of base tablet `tablet_id` delivers the view's rows to the view replicas its
-    position feeds. A `repair` task also deletes the view rows those replicas hold that its base rows do not imply,
+    """One view building task. `build_range`: `replica` of base tablet `tablet_id` delivers the view's rows to the
+    view replicas its position feeds. `process_staging` (no view): `replica` moves its staged rows of the tablet into
+    the base (`coordinator.core.staging`). A `repair` task also deletes the view rows those replicas hold that its base rows do not imply,
     and orders its rows after any they hold (a lost feeder's updates: `worker.view_repair`)."""
 
     id: str
@@ -129,6 +130,7 @@ class Task:
     tablet_id: int
     aborted: bool = False
     repair: bool = False
+    staged_through: int = 0  # process_staging: the highest staging number of the replica's tablet it covers
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from . import auth, balancer, build_settings, ddl, invariants, migrations, resize, tablets, view_building
+from . import auth, balancer, build_settings, ddl, invariants, migrations, resize, staging, tablets, view_building
 from .commands import (
     AlterKeyspace,
     AlterRole,
@@ -38,6 +38,7 @@ from .commands import (
     DecommissionNode,
     GrantPermissions,
     HoldViewRows,
+    RegisterStagedRows,
     MergeTablets,
     Noop,
     RegisterNode,
@@ -234,6 +235,7 @@ _HANDLERS: dict[type[Command], Callable[[Group0State, Command], object]] = {
     SetViewPaused: view_building.set_view_paused,
     HoldViewRows: view_building.hold_view_rows,
     ReleaseViewRows: view_building.release_view_rows,
+    RegisterStagedRows: staging.register_staged_rows,
     CreateRole: auth.create_role,
     AlterRole: auth.alter_role,
     DropRole: auth.drop_role,

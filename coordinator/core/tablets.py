@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from . import migrations, view_building
+from . import migrations, staging, view_building
 from .commands import DecommissionNode, RegisterNode, RemoveNode
 from .errors import FailedPrecondition, InvalidArgument
 from .ids import check_name
@@ -84,6 +84,8 @@ def decommission_node(state: Group0State, cmd: DecommissionNode) -> str:
     state.nodes[node.id] = Node(node.id, node.grpc, node.raft, node.shards,
                                 NODE_REMOVING if cmd.dead else NODE_LEAVING)
     state.deaths_declared += cmd.dead
+    if cmd.dead:
+        staging.forget_node_staging(state, node.id)
     state.schema_version += 1
     return state.nodes[node.id].state
 

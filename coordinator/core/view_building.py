@@ -372,7 +372,7 @@ def forget_node_holds(state: Group0State, node_id: str) -> None:
 def _count_rows(state: Group0State, task: Task, scanned: int) -> None:
     """Add to the view's rows_done what `scanned` adds to the rows the task reported before."""
     more = scanned - state.task_rows.get(task.id, 0)
-    if more > 0:
+    if more > 0 and task.view_id is not None:
         state.rows_done[task.view_id] = state.rows_done.get(task.view_id, 0) + more
 
 
