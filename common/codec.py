@@ -47,7 +47,8 @@ def batch_to_proto(batch: RowBatch, mutation_of: Callable[[Row], pb.Mutation] = 
     """The batch as a MutationBatch; `mutation_of` encodes each row (a caller sending the same rows to several
     replicas passes one that encodes each row once)."""
     message = pb.MutationBatch(table_id=batch.table_id, shard=batch.shard, timestamp=batch.timestamp,
-                               schema_version=batch.schema_version, mutations=[mutation_of(r) for r in batch.rows])
+                               schema_version=batch.schema_version, mutations=[mutation_of(r) for r in batch.rows],
+                               staged=batch.staged)
     if batch.columns is not None:
         message.arrow_mutations = _ipc_bytes(batch.columns)
     return message
@@ -57,7 +58,8 @@ def batch_from_proto(message: pb.MutationBatch) -> RowBatch:
     columns = _ipc_table(message.arrow_mutations) if message.arrow_mutations else None
     return RowBatch(table_id=message.table_id, shard=message.shard,
                     rows=tuple(row_from_proto(m) for m in message.mutations),
-                    schema_version=message.schema_version, timestamp=message.timestamp, columns=columns)
+                    schema_version=message.schema_version, timestamp=message.timestamp, columns=columns,
+                    staged=message.staged)
 
 
 def _ipc_bytes(table: pa.Table) -> bytes:

@@ -32,6 +32,8 @@ KNOWN_POINTS = {
     "coordinator_pause_main_loop": PointSpec(
         "the view building loop on the group0 leader: while enabled it dispatches nothing", PAUSE),
     "worker_pause_build_range": PointSpec("a view building batch, before it scans its tablet replica", PAUSE),
+    "worker_pause_process_staging": PointSpec(
+        "a process_staging batch, before it moves its tablet replica's staged rows into the base", PAUSE),
     "worker_fail_build_range": PointSpec(
         "a view building batch, before it scans (fail mode: the batch fails)", FAIL),
     "worker_pause_after_chunk": PointSpec(

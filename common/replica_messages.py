@@ -25,6 +25,8 @@ class RowBatch:
     A base write's rows may come as `columns` instead, an Arrow table in storage.arrow_layouts' mutation layout
     (then `rows` is empty). With `view_rows`, `columns` are a view building batch's rows of a view
     (`storage.arrow_layouts.view_rows_schema`), merged as a build merges them (`storage.bulk.merge_view_rows`).
+    A `staged` batch (`columns` only) is a bulk load's: the replica keeps it in its staging area
+    (`replica.staging`) instead of applying it.
     """
 
     table_id: str
@@ -34,6 +36,7 @@ class RowBatch:
     timestamp: int = 0
     columns: pa.Table | None = None
     view_rows: bool = False
+    staged: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", tuple(self.rows))

@@ -27,9 +27,11 @@ from .catalog import coerce, require_column
 
 @dataclass(frozen=True)
 class ArrowValues:
-    """Bind-value sets as Arrow columns, one per `?` in marker order (sizes already checked by the caller)."""
+    """Bind-value sets as Arrow columns, one per `?` in marker order (sizes already checked by the caller); `staged`:
+    a bulk load's, for the staging area of a table with views (`replica.write_path.WriteCoordinator.write_columns`)."""
 
     columns: list[pa.ChunkedArray]
+    staged: bool = False
 
     def rows(self) -> list[list]:
         """The value sets as rows of Python values, for the row path."""

@@ -61,13 +61,13 @@ class WriteStatements:
             mutations.append((table, rows.row(literals, ts)))
         return self._write(mutations, default_ts, single=len(params) == 1)
 
-    def run_insert_columns(self, statement: ast.Insert, columns: list[pa.ChunkedArray]) -> Result:
+    def run_insert_columns(self, statement: ast.Insert, columns: list[pa.ChunkedArray], staged: bool = False) -> Result:
         """One INSERT with bind markers, once per row of the Arrow value columns, as one columnar write
-        (NotColumnar when the values need the row path)."""
+        (NotColumnar when the values need the row path); `staged`: a bulk load's (see `ArrowValues`)."""
         table = self._catalog.writable(statement.table)
         default_ts = self._now()
         mutations = insert_mutations(table, statement, columns, _timestamp(statement.timestamp, default_ts))
-        self._writer.write_columns(table, mutations, default_ts)
+        self._writer.write_columns(table, mutations, default_ts, staged=staged)
         rows = mutations.num_rows
         return Result(message="ok") if rows == 1 else Result(message=f"ok: {rows} statements applied")
 

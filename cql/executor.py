@@ -121,7 +121,7 @@ class Executor:
         if isinstance(params, ArrowValues):
             if isinstance(statement, ast.Insert):
                 try:
-                    return self._writes.run_insert_columns(statement, params.columns)
+                    return self._writes.run_insert_columns(statement, params.columns, staged=params.staged)
                 except NotColumnar:
                     pass
             params = params.rows()

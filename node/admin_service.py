@@ -23,6 +23,7 @@ from coordinator.core.commands import (
 )
 from coordinator.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from coordinator.core.migrations import resolve_move, transitions_of_table
+from coordinator.core.schema import TASK_PROCESS_STAGING
 from coordinator.core.tablets import removed_message
 from coordinator.core.tokens import tablet_range
 from vbcpb import vbc_pb2 as pb
@@ -72,7 +73,8 @@ class AdminService(rpc.AdminServicer):
                                                                                  for t in s.transitions.values())])
         self._add_rates(views)
         response = pb.StatusResponse(leader=group0_status.get("leader_id") or "", term=group0_status["term"],
-                                     answered_by=deps.node_id, schema_version=version, migrations=moving)
+                                     answered_by=deps.node_id, schema_version=version, migrations=moving,
+                                     staging=deps.read_state(_staged_tables))
         if request.views_only:
             response.views.extend(view for _, view in views)
             return response
@@ -363,3 +365,13 @@ def _status_snapshot(state):
             held=[pb.HeldViewRows(holder=holder, target=target) for holder, target in progress["held"]],
         )))
     return sorted(state.nodes.values(), key=lambda n: n.id), views, state.schema_version
+
+
+def _staged_tables(state) -> list[pb.StagedTable]:
+    """The tables with process_staging tasks left, by name."""
+    replicas: dict[str, list[str]] = {}
+    for task in state.tasks.values():
+        if task.type == TASK_PROCESS_STAGING and task.base_id in state.tables:
+            replicas.setdefault(state.tables[task.base_id].qualified_name, []).append(str(task.replica))
+    return [pb.StagedTable(table=name, tasks=len(held), replicas=sorted(set(held)))
+            for name, held in sorted(replicas.items())]

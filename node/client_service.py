@@ -113,4 +113,4 @@ def _params(request: pb.ExecuteRequest, limits: Limits) -> list[list] | ArrowVal
     columns = plain_columns(table)
     size, position = longest_string_bytes(columns)
     limits.check_value_bytes(size, f"a value of Arrow column {position}")
-    return ArrowValues(columns)
+    return ArrowValues(columns, staged=request.staged)

@@ -29,6 +29,7 @@ from coordinator.core.build_settings import chunk_limit
 from coordinator.core.commands import RecordTaskProgress, RegisterNode
 from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
+from coordinator.core.schema import TASK_PROCESS_STAGING
 from coordinator.core.state import Group0State
 from coordinator.core.tablets import dead_nodes
 from coordinator.raft import Group0, Group0Unavailable, StateMachineError, secret_fingerprint
@@ -47,16 +48,19 @@ from vbcpb import vbc_pb2 as pb
 from vbcpb import vbc_pb2_grpc as rpc
 from worker.build_job import BuildJob, Chunking
 from worker.check import CheckResult, check_plan, check_view
-from worker.executor import WorkerExecutor
+from worker.executor import BatchControl, WorkerExecutor
 from worker.service import WorkerService
 from worker.spark_session import DEFAULT_JAVA_OPTIONS, NodeSpark, SparkConfig, default_master
 from worker.spark_warmup import warm_up
+from worker.staging_job import StagingJob
+from worker.tasks import StartBatch
 from worker.throttle import Throttle
 
 from . import security
 from .admin_service import AdminDeps, AdminService
 from .client_service import ClientService
 from .health import HealthService
+from .staged_registry import StagedRegistry
 from .view_row_holds import ViewRowHolds
 from .internode_service import InternodeDeps, InternodeService
 
@@ -152,8 +156,10 @@ class Node:
         self.peers = Peers(self._grpc_address_of,
                            credentials=None if self._tls is None else security.channel_credentials(self._tls))
         transport = InternodeTransport(self.peers)
+        self.staged_registry = StagedRegistry(self.node_id, self.group0)
         self.local = LocalData(self.node_id, self.store, SchemaAccess(self.group0.read, self.catch_up, self.inflight),
-                               transport, self.injections, self.metrics, read_outbox_version_1=batch_from_proto_bytes)
+                               transport, self.injections, self.metrics, read_outbox_version_1=batch_from_proto_bytes,
+                               register_staged=self.staged_registry)
         self.writer = WriteCoordinator(self.node_id, self.group0.read, self.local, transport, self.injections,
                                        track_write=lambda: self.inflight.track(self.schema_version))
         self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, transport)
@@ -179,8 +185,9 @@ class Node:
                                                         s.paused_views))),
                                   unreachable=self.view_row_holds)
         self._parallel_batches = max(2, config.shards)
+        self.staging_job = StagingJob(self.local.staging, self._chunk_rows, self.injections)
         self.worker = WorkerExecutor(self.node_id, self.ledger, lambda: self.group0.read(lambda s: dict(s.tasks)),
-                                     self.build_job, lambda: self.group0.term, max_parallel=self._parallel_batches)
+                                     self._run_batch, lambda: self.group0.term, max_parallel=self._parallel_batches)
         self._worker_client = WorkerClient(self.peers.channel)
         self.view_building = ViewBuildingLoop(
             group0=self.group0, leadership=self.group0.leadership, send_batch=self._worker_client.send_batch,
@@ -311,6 +318,12 @@ class Node:
             tls = {"certfile": str(folder / security.NODE_CERT), "keyfile": str(folder / security.NODE_KEY)}
         self._metrics_server, _ = serve_metrics(address, self.metrics.registry, **tls)
 
+    def _run_batch(self, start: StartBatch, control: BatchControl):
+        """A batch of process_staging tasks moves staged rows into the base; any other builds views."""
+        if start.tasks and start.tasks[0].type == TASK_PROCESS_STAGING:
+            return self.staging_job(start, control)
+        return self.build_job(start, control)
+
     def _chunk_rows(self) -> int:
         return self.group0.read(lambda state: chunk_limit(state.build_settings))
 
@@ -345,6 +358,7 @@ class Node:
             self._ready.set()
             self._set_health(health_pb2.HealthCheckResponse.SERVING)
             log.info("node %s joined group0", self.node_id)
+            self.staged_registry.register_again(self.local.staging, self._stopping)
             return
 
     def require_ready(self) -> None:

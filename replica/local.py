@@ -16,7 +16,7 @@ from common.arrow_tokens import tablets_of
 from common.injection import Injections
 from common.metrics import NodeMetrics
 from common.replica_messages import RowBatch, ScanPage, ScanRequest
-from coordinator.core.errors import InvalidArgument, NotFound, RangeMoved
+from coordinator.core.errors import FailedPrecondition, InvalidArgument, NotFound, RangeMoved
 from coordinator.core.migrations import read_replicas
 from coordinator.core.schema import Table
 from coordinator.core.tokens import tablet_of, tablet_range
@@ -27,6 +27,7 @@ from storage.store import NodeStore
 
 from replica.inflight import InflightWrites
 from replica.rows import storage_spec
+from replica.staging import Register, StagedTablet, StagingArea
 from replica.streaming import StreamProgress, StreamResult, TabletRows, TabletStream, TabletStreams
 from replica.outbox import QueuedViewUpdate, ViewUpdateOutbox, grouped_updates
 from replica.outbox_payload import encode_payload
@@ -57,7 +58,8 @@ class LocalData:
 
     def __init__(self, node_id: str, store: NodeStore, schema: SchemaAccess, transport: ReplicaTransport,
                  injections: Injections, metrics: NodeMetrics,
-                 read_outbox_version_1: Callable[[bytes], RowBatch] | None = None):
+                 read_outbox_version_1: Callable[[bytes], RowBatch] | None = None,
+                 register_staged: Register | None = None):
         self.node_id = node_id
         self.tables = LocalTables(store, schema.read)
         self.outbox = ViewUpdateOutbox(store, self._send_view_update, metrics, read_outbox_version_1,
@@ -66,14 +68,19 @@ class LocalData:
         self._transport = transport
         self._injections = injections
         self._metrics = metrics
+        self.staging = StagingArea(node_id, store, schema.read, schema.catch_up, self.apply_base_write,
+                                   register_staged or _no_staging)
 
     # ------------------------------------------------------------ base writes
 
     def apply_base_write(self, batch: RowBatch) -> int:
         """Merge a base write into this replica, queue its view updates durably and try to deliver them.
 
-        Returns the number of rows whose stored state changed.
+        Returns the number of rows whose stored state changed. A `staged` batch goes to the staging area instead
+        (`replica.staging`): kept and registered, not applied; the number of rows kept.
         """
+        if batch.staged:
+            return self.staging.stage(batch)
         self._schema.catch_up(batch.schema_version)
         queued: list[tuple[str, RowBatch]] = []
         with self._schema.inflight.track(self._schema.version):
@@ -224,6 +231,9 @@ class LocalData:
 
     def drop_dropped_tables(self) -> None:
         self.tables.drop_dropped()
+        existing = self._schema.read(lambda s: set(s.tables))
+        for table_id in {entry.table_id for entry in self.staging.entries()} - existing:
+            self.tables.store.unstage_table(table_id)
 
     def create_new_tables(self) -> None:
         self.tables.create_new()
@@ -292,6 +302,10 @@ class LocalData:
 
     def tablet_stream_progress(self) -> list[StreamProgress]:
         return self.tablet_streams.progress()
+
+
+def _no_staging(entry: StagedTablet) -> None:
+    raise FailedPrecondition(f"this node keeps no staged rows (table id {entry.table_id}): write them directly")
 
 
 def moved_away(state, table_id: str, node_id: str, first_token: int, last_token: int) -> str | None:

@@ -13,7 +13,7 @@ import pyarrow as pa
 from common.arrow_tokens import tablets_of
 from common.injection import Injections
 from common.replica_messages import RowBatch
-from coordinator.core.errors import CoreError, NotFound, Unavailable
+from coordinator.core.errors import CoreError, FailedPrecondition, NotFound, Unavailable
 from coordinator.core.migrations import write_replicas
 from coordinator.core.schema import Table
 from coordinator.core.tokens import tablet_of
@@ -56,14 +56,30 @@ class WriteCoordinator:
             batches = self._read_state(lambda s: route(s, mutations, timestamp))
             self._send(batches, sorted({t.qualified_name for t, _ in mutations}))
 
-    def write_columns(self, table: Table, mutations: pa.Table, timestamp: int) -> None:
+    def write_columns(self, table: Table, mutations: pa.Table, timestamp: int, staged: bool = False) -> None:
         """Like `write`, for mutations of one table given as columns (storage.arrow_layouts' mutation layout):
-        routed with whole-column operations and sent as Arrow."""
+        routed with whole-column operations and sent as Arrow.
+
+        `staged` (a bulk load): the rows of a table with views go to the staging area of every replica of their
+        tablet (`replica.staging`) unless the tablet is in transition; if a replica refuses them (FAILED_PRECONDITION:
+        a tablet operation or a drop of the last view came first), the write is made again directly."""
         with self._track_write():
-            batches = self._read_state(lambda s: route_columns(s, table, mutations, timestamp))
-            self._send(batches, [table.qualified_name])
+            batches = self._read_state(lambda s: route_columns(s, table, mutations, timestamp, staged=staged))
+            failures = self._send_all(batches)
+            if failures and any(b.staged for _, b in batches) and all(
+                    isinstance(error, FailedPrecondition) for _, error in failures):
+                batches = self._read_state(lambda s: route_columns(s, table, mutations, timestamp))
+                failures = self._send_all(batches)
+            if failures:
+                raise write_failure([table.qualified_name], failures)
 
     def _send(self, batches: list[tuple[str, RowBatch]], tables: list[str]) -> None:
+        failures = self._send_all(batches)
+        if failures:
+            raise write_failure(tables, failures)
+
+    def _send_all(self, batches: list[tuple[str, RowBatch]]) -> list[tuple[str, CoreError]]:
+        """Send every batch (remote ones in parallel with the local one); the (node, error) of each that failed."""
         self._injections.hit("write.coordinator.before_send")
         remote = [(node, batch) for node, batch in batches if node != self.node_id]
         pending = list(zip([node for node, _ in remote], self._transport.start_replica_writes(remote), strict=True))
@@ -72,8 +88,7 @@ class WriteCoordinator:
                         for failure in self._apply_locally(batch)]
         finally:
             remote_failures = _wait_for(pending)  # even if the local apply raised: each answer must be read
-        if failures + remote_failures:
-            raise write_failure(tables, failures + remote_failures)
+        return failures + remote_failures
 
     def _apply_locally(self, batch: RowBatch) -> list[tuple[str, CoreError]]:
         try:
@@ -120,22 +135,27 @@ def route(state, mutations: list[tuple[Table, Row]], timestamp: int) -> list[tup
     ]
 
 
-def route_columns(state, table: Table, mutations: pa.Table, timestamp: int) -> list[tuple[str, RowBatch]]:
+def route_columns(state, table: Table, mutations: pa.Table, timestamp: int,
+                  staged: bool = False) -> list[tuple[str, RowBatch]]:
     """`route` for mutation-layout columns of one table: rows grouped by tablet (a stable sort keeps the order of
-    one key's mutations), each replica shard's rows taken in one `take`."""
+    one key's mutations), each replica shard's rows taken in one `take`. With `staged`, the rows of a table with
+    views whose tablet is not in transition go in batches of their own, marked `staged`."""
     tablet_map = state.tablets.get(table.id)
     if tablet_map is None:
         raise NotFound(f"{table.qualified_name} was dropped while this write was being prepared")
+    stages = staged and any(True for _ in state.views_of(table.id))
     tablets = tablets_of(mutations.column("token").to_numpy(), tablet_map.tablet_count)
     order = np.argsort(tablets, kind="stable")
     present, starts = np.unique(tablets[order], return_index=True)
     ends = list(starts[1:]) + [len(order)]
-    grouped: dict[tuple[str, int], list[np.ndarray]] = defaultdict(list)
+    grouped: dict[tuple[str, int, bool], list[np.ndarray]] = defaultdict(list)
     for tablet, start, end in zip(present.tolist(), starts.tolist(), ends):
+        to_staging = stages and (table.id, tablet) not in state.transitions
         for replica in write_replicas(state, table.id, tablet):
-            grouped[(replica.node, replica.shard)].append(order[start:end])
+            grouped[(replica.node, replica.shard, to_staging)].append(order[start:end])
     return [
         (node, RowBatch(table_id=table.id, shard=shard, rows=(), timestamp=timestamp,
-                        schema_version=state.schema_version, columns=mutations.take(np.concatenate(parts))))
-        for (node, shard), parts in grouped.items()
+                        schema_version=state.schema_version, columns=mutations.take(np.concatenate(parts)),
+                        staged=to_staging))
+        for (node, shard, to_staging), parts in grouped.items()
     ]

@@ -87,6 +87,17 @@ class StoreStaging(StoreEngine):
             rows = conn.execute(statement.order_by(staging.c.seq)).all()
         return [StagedEntry(*row[:5], decode_mutations(bytes(row[5])) if with_mutations else None) for row in rows]
 
+    def staged_mutations(self, seqs: Sequence[int]) -> list[pa.Table]:
+        """The mutations of the staged entries numbered `seqs` that are left, in staging order."""
+        staging = self._staging
+        tables = []
+        with self._read() as conn:
+            for start in range(0, len(seqs), MAX_PARAMS_PER_STATEMENT):
+                chunk = list(seqs[start:start + MAX_PARAMS_PER_STATEMENT])
+                statement = sa.select(staging.c.payload).where(staging.c.seq.in_(chunk)).order_by(staging.c.seq)
+                tables += [decode_mutations(bytes(payload)) for payload in conn.execute(statement).scalars()]
+        return tables
+
     def unstage(self, seqs: Sequence[int]) -> int:
         """Delete staged entries by number; how many there were."""
         deleted = 0

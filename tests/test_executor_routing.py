@@ -28,7 +28,7 @@ class RecordingWriter:
     def write(self, mutations, default_ts):
         self.writes.append((list(mutations), default_ts))
 
-    def write_columns(self, table, mutations, default_ts):
+    def write_columns(self, table, mutations, default_ts, staged=False):
         self.column_writes.append((table, mutations, default_ts))
 
 

@@ -17,7 +17,8 @@ from vbc.client import INJECT_ACTIONS, inject_response_to_dict
 from vbc.render import injection_point_rows, injection_points_table
 from vbcpb import vbc_pb2 as pb
 
-PAUSE_POINTS = ("pause_tablet_migration_stage", "worker_pause_build_range", "worker_pause_before_finish",
+PAUSE_POINTS = ("pause_tablet_migration_stage", "worker_pause_build_range", "worker_pause_process_staging",
+                "worker_pause_before_finish",
                 "worker_pause_after_chunk",
                 "coordinator_pause_main_loop")
 

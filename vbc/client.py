@@ -312,19 +312,20 @@ def error_text(error: grpc.RpcError) -> str:
 
 
 def execute_response(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT,
-                     params=None) -> pb.ExecuteResponse:
+                     params=None, staged: bool = False) -> pb.ExecuteResponse:
     """The raw ExecuteResponse of `statement` (with bind values `params`), run on the first reachable node.
 
     `params`: value sets as a list of lists or tuples, or columns as a `pyarrow.Table`/`RecordBatch` or a pandas
     `DataFrame` (sent as one Arrow IPC stream: one column per `?`, in order). With values, the statement is
-    prepared on that node first (once per node and text: see `prepare`).
+    prepared on that node first (once per node and text: see `prepare`). `staged` (Arrow values of an INSERT): a
+    bulk load's rows, kept in the staging area of a table with views until processed (see `vbc.load`).
     """
     arrow = arrow_ipc(params)
     if arrow is None and not params:
         request = pb.ExecuteRequest(statement=statement)
         return call_any(addr_or_addrs, lambda addr: execute_on(addr, request, timeout, is_read(statement)),
                         idempotent=is_read(statement))
-    values = pb.ExecuteRequest(arrow_values=arrow) if arrow is not None else pb.ExecuteRequest(
+    values = pb.ExecuteRequest(arrow_values=arrow, staged=staged) if arrow is not None else pb.ExecuteRequest(
         params=[values_to_proto(row) for row in params])
     return call_any(addr_or_addrs, lambda addr: execute_prepared(addr, statement, values, timeout),
                     idempotent=is_read(statement))
@@ -425,10 +426,10 @@ def result_from_response(response: pb.ExecuteResponse) -> tuple[list[str], list[
 
 
 def execute(addr_or_addrs, statement: str, timeout: float = DEFAULT_TIMEOUT,
-            params=None) -> tuple[list[str], list[list], str]:
+            params=None, staged: bool = False) -> tuple[list[str], list[list], str]:
     """Run one statement (once per bind-value set in `params`, see `execute_response`): (column names, rows,
     message)."""
-    return result_from_response(execute_response(addr_or_addrs, statement, timeout, params))
+    return result_from_response(execute_response(addr_or_addrs, statement, timeout, params, staged))
 
 
 def rows_as_dicts(columns: list[str], rows: list[list]) -> list[dict]:
@@ -492,6 +493,7 @@ def status_to_dict(response: pb.StatusResponse) -> dict:
         "nodes": [node_status_to_dict(node) for node in response.nodes],
         "views": [view_status_to_dict(view) for view in response.views],
         "migrations": [migration_to_dict(m) for m in response.migrations],
+        "staging": [{"table": t.table, "tasks": t.tasks, "replicas": list(t.replicas)} for t in response.staging],
     }
 
 

@@ -5,7 +5,9 @@ columns (unknown ones, missing primary key columns), every value's conversion to
 in key columns, each refused naming the file's row (CSV: data row and line; Parquet: row group and row) and
 column. The checked rows are kept in a temporary directory, grouped by token range (`TokenSpill`); then they
 are sent range after range, `--batch-rows` rows per execution of one prepared `INSERT` with the values as an
-Arrow IPC stream, two executions in flight. A failure midway says how many rows were committed (executions
+Arrow IPC stream, two executions in flight. The executions are staged: a table with views keeps the rows in
+its replicas' staging areas, where process_staging tasks move them into the base and derive their view updates;
+`load` then waits until none is left for the table (unless told not to wait). A failure midway says how many rows were committed (executions
 after the failed one may be applied too); every row is an INSERT, so loading the file again is harmless.
 
 CSV: a header line names the columns; an unquoted empty field, NULL or null is NULL; a quoted "" is an empty
@@ -38,6 +40,8 @@ SPILL_RANGES = 64
 DEFAULT_IN_FLIGHT = 2  # one batch applied by the cluster while the next is read, converted and sent
 CSV_BLOCK_BYTES = 4 << 20
 CSV_NULLS = ["", "NULL", "null"]
+DEFAULT_STAGED_WAIT = 3600.0  # seconds `load` waits for its staged rows to become visible
+STAGED_POLL_S = 0.1
 
 
 class LoadError(Exception):
@@ -295,7 +299,8 @@ def send_rows(addresses: list[str], path: Path, spill: TokenSpill, plan: Plan, b
         try:
             for values in spill.batches(batch_rows):
                 pending.append((values.num_rows, pool.submit(
-                    client.execute, addresses, plan.insert, params=values, timeout=execute_timeout(values.num_rows))))
+                    client.execute, addresses, plan.insert, params=values, timeout=execute_timeout(values.num_rows),
+                    staged=True)))
                 while len(pending) >= in_flight:
                     committed += _settle(pending.popleft(), path, committed, progress)
             while pending:
@@ -318,10 +323,39 @@ def _settle(sent: tuple[int, Future], path: Path, committed: int, progress: Call
     return rows
 
 
+def wait_staged(addresses: list[str], table: str, timeout: float = DEFAULT_STAGED_WAIT,
+                on_waiting: Callable[[dict], None] = lambda staged: None) -> None:
+    """Return once no replica of `table` ("ks.name") holds bulk-loaded rows still to process (StatusResponse's
+    `staging`), calling `on_waiting` with the table's staging entry while some do. TimeoutError after `timeout`."""
+    name = qualified_name(table)
+    deadline = time.monotonic() + timeout
+    while True:
+        staged = next((t for t in client.status(addresses, views_only=True)["staging"] if t["table"] == name), None)
+        if staged is None:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"after {timeout:.0f} s {staged['tasks']} process_staging task(s) of {name} are left "
+                               f"on {', '.join(staged['replicas'])}: the rows become visible once they are processed "
+                               "(see `vbc status`)")
+        on_waiting(staged)
+        time.sleep(STAGED_POLL_S)
+
+
+def qualified_name(table: str) -> str:
+    """"ks.name" as group0 names the table: unquoted parts lower-cased, quoted ones as written."""
+    parts = table.split(".", 1)
+    return ".".join(p[1:-1] if len(p) > 1 and p[0] == p[-1] == '"' else p.lower() for p in parts)
+
+
 def load(addresses: list[str], table: str, path: Path, batch_rows: int = DEFAULT_BATCH_ROWS,
          on_total: Callable[[int], None] = lambda total: None,
-         progress: Callable[[int], None] = lambda rows: None) -> tuple[int, float]:
-    """Load the file into the table: (rows committed, seconds spent sending). LoadError when it cannot."""
+         progress: Callable[[int], None] = lambda rows: None, wait: bool = True,
+         on_waiting: Callable[[dict], None] = lambda staged: None) -> tuple[int, float]:
+    """Load the file into the table: (rows committed, seconds spent sending, and with `wait` until the rows are
+    visible). LoadError when it cannot.
+
+    The rows go to the staging area of every replica of a table with views (a table without views, or a tablet in
+    transition, takes them directly) and become visible once processed; `wait` returns only then."""
     if not path.is_file():
         raise LoadError(f"{path}: no such file")
     fmt = file_format(path)
@@ -335,4 +369,9 @@ def load(addresses: list[str], table: str, path: Path, batch_rows: int = DEFAULT
         on_total(total)
         started = time.monotonic()
         committed = send_rows(addresses, path, spill, plan, batch_rows, progress)
+    if wait:
+        try:
+            wait_staged(addresses, table, on_waiting=on_waiting)
+        except TimeoutError as error:
+            raise LoadError(f"{path}: every row was sent, but {error}", committed) from None
     return committed, time.monotonic() - started

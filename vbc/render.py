@@ -221,7 +221,14 @@ def render_status(document: dict) -> Group:
     parts += view_error_lines(document["views"]) + view_waiting_lines(document["views"])
     if document.get("migrations"):
         parts.append(status_migrations_table(document["migrations"]))
+    parts += staging_lines(document.get("staging", ()))
     return Group(*parts)
+
+
+def staging_lines(staging) -> list[Text]:
+    """One line per table whose bulk-loaded rows are not visible yet (they wait in its replicas' staging areas)."""
+    return [Text(f"{table['table']}: bulk-loaded rows being processed, {table['tasks']} process_staging task(s) "
+                 f"left on {', '.join(table['replicas'])}", style="cyan") for table in staging]
 
 
 def status_migrations_table(migrations: list[dict]) -> Table:

@@ -46,7 +46,7 @@ class SessionAnswer(_message.Message):
     def __init__(self, response: _Optional[_Union[ExecuteResponse, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("statement", "page_size", "params", "prepared_id", "arrow_values", "paging_state", "arrow_results")
+    __slots__ = ("statement", "page_size", "params", "prepared_id", "arrow_values", "paging_state", "arrow_results", "staged")
     STATEMENT_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class ExecuteRequest(_message.Message):
     ARROW_VALUES_FIELD_NUMBER: _ClassVar[int]
     PAGING_STATE_FIELD_NUMBER: _ClassVar[int]
     ARROW_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
     statement: str
     page_size: int
     params: _containers.RepeatedCompositeFieldContainer[Row]
@@ -61,7 +62,8 @@ class ExecuteRequest(_message.Message):
     arrow_values: bytes
     paging_state: bytes
     arrow_results: bool
-    def __init__(self, statement: _Optional[str] = ..., page_size: _Optional[int] = ..., params: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., prepared_id: _Optional[str] = ..., arrow_values: _Optional[bytes] = ..., paging_state: _Optional[bytes] = ..., arrow_results: _Optional[bool] = ...) -> None: ...
+    staged: bool
+    def __init__(self, statement: _Optional[str] = ..., page_size: _Optional[int] = ..., params: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., prepared_id: _Optional[str] = ..., arrow_values: _Optional[bytes] = ..., paging_state: _Optional[bytes] = ..., arrow_results: _Optional[bool] = ..., staged: _Optional[bool] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
     __slots__ = ("statement",)
@@ -405,7 +407,7 @@ class HeldViewRows(_message.Message):
     def __init__(self, holder: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("leader", "term", "nodes", "views", "answered_by", "schema_version", "migrations")
+    __slots__ = ("leader", "term", "nodes", "views", "answered_by", "schema_version", "migrations", "staging")
     LEADER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -413,6 +415,7 @@ class StatusResponse(_message.Message):
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
+    STAGING_FIELD_NUMBER: _ClassVar[int]
     leader: str
     term: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
@@ -420,7 +423,18 @@ class StatusResponse(_message.Message):
     answered_by: str
     schema_version: int
     migrations: _containers.RepeatedCompositeFieldContainer[MigrationInfo]
-    def __init__(self, leader: _Optional[str] = ..., term: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., views: _Optional[_Iterable[_Union[ViewStatus, _Mapping]]] = ..., answered_by: _Optional[str] = ..., schema_version: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[MigrationInfo, _Mapping]]] = ...) -> None: ...
+    staging: _containers.RepeatedCompositeFieldContainer[StagedTable]
+    def __init__(self, leader: _Optional[str] = ..., term: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., views: _Optional[_Iterable[_Union[ViewStatus, _Mapping]]] = ..., answered_by: _Optional[str] = ..., schema_version: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[MigrationInfo, _Mapping]]] = ..., staging: _Optional[_Iterable[_Union[StagedTable, _Mapping]]] = ...) -> None: ...
+
+class StagedTable(_message.Message):
+    __slots__ = ("table", "tasks", "replicas")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    tasks: int
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, table: _Optional[str] = ..., tasks: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TabletsRequest(_message.Message):
     __slots__ = ("table",)
@@ -639,20 +653,22 @@ class Mutation(_message.Message):
     def __init__(self, token: _Optional[int] = ..., key: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., marker_ts: _Optional[int] = ..., tomb_ts: _Optional[int] = ..., cells: _Optional[_Iterable[_Union[Cell, _Mapping]]] = ...) -> None: ...
 
 class MutationBatch(_message.Message):
-    __slots__ = ("table_id", "shard", "mutations", "timestamp", "schema_version", "arrow_mutations")
+    __slots__ = ("table_id", "shard", "mutations", "timestamp", "schema_version", "arrow_mutations", "staged")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     MUTATIONS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     ARROW_MUTATIONS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
     table_id: str
     shard: int
     mutations: _containers.RepeatedCompositeFieldContainer[Mutation]
     timestamp: int
     schema_version: int
     arrow_mutations: bytes
-    def __init__(self, table_id: _Optional[str] = ..., shard: _Optional[int] = ..., mutations: _Optional[_Iterable[_Union[Mutation, _Mapping]]] = ..., timestamp: _Optional[int] = ..., schema_version: _Optional[int] = ..., arrow_mutations: _Optional[bytes] = ...) -> None: ...
+    staged: bool
+    def __init__(self, table_id: _Optional[str] = ..., shard: _Optional[int] = ..., mutations: _Optional[_Iterable[_Union[Mutation, _Mapping]]] = ..., timestamp: _Optional[int] = ..., schema_version: _Optional[int] = ..., arrow_mutations: _Optional[bytes] = ..., staged: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("applied",)

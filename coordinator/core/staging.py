@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def register_staged_rows(state: Group0State, cmd: RegisterStagedRows) -> str:
     """The id of the live `process_staging` task covering the replica's staged rows of the tablet up to
-    `cmd.through`, made if none does. Refused (FAILED_PRECONDITION, nothing changed) when the rows must go through
+    `cmd.through`, made if none does. Otherwise refused (FAILED_PRECONDITION, nothing changed) when the rows must go through
     the write path instead: the table has no view, its tablets were split or merged since the rows were routed, the
     replica no longer holds the tablet, its node is being removed, or the tablet is in transition."""
     check_id(cmd.cmd_id)
@@ -36,13 +36,13 @@ def register_staged_rows(state: Group0State, cmd: RegisterStagedRows) -> str:
     if table is None or tablet_map is None or table.view is not None:
         raise NotFound(f"base table {cmd.base_id} does not exist")
     replica = Replica(cmd.node, cmd.shard)
+    for task in staging_tasks(state, cmd.base_id, cmd.tablet_id):
+        if task.replica == replica and task.staged_through >= cmd.through:
+            return task.id  # a node registering its staged rows again after a restart
     why = _why_not_staged(state, table, cmd, replica)
     if why:
         raise FailedPrecondition(f"staged rows of tablet {cmd.tablet_id} of {table.qualified_name} on {replica}: {why};"
                                  " write them through the write path")
-    for task in staging_tasks(state, cmd.base_id, cmd.tablet_id):
-        if task.replica == replica and task.staged_through >= cmd.through:
-            return task.id
     task_id = derived_id(cmd.cmd_id, cmd.base_id, cmd.tablet_id, cmd.node, cmd.shard, cmd.through)
     state.tasks[task_id] = Task(task_id, TASK_PROCESS_STAGING, cmd.base_id, None, replica, cmd.tablet_id,
                                 staged_through=cmd.through)

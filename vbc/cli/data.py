@@ -36,6 +36,9 @@ def add_load_parser(commands, target: argparse.ArgumentParser) -> None:
     load.add_argument("--batch-rows", type=positive_int, default=20_000, metavar="N",
                       help="rows per execution (default 20,000)")
     load.add_argument("--quiet", action="store_true", help="no progress bar")
+    load.add_argument("--no-wait", action="store_true",
+                      help="return once the rows are committed; a table with views shows them once its replicas "
+                           "processed their staged rows (`vbc status` lists the work left)")
 
 
 def read_statement(text: str) -> str:
@@ -120,9 +123,12 @@ def cmd_load(args: argparse.Namespace) -> int:
             rate = done / max(time.monotonic() - sending_since[0], 1e-9)
             bar.update(task, completed=done, rate=f"{rate:,.0f}")
 
+        def waiting(staged: dict) -> None:
+            bar.update(task, description=f"processing staged rows ({staged['tasks']} task(s) left)")
+
         try:
             committed, seconds = load.load(target_addresses(args), args.table, args.file, args.batch_rows,
-                                           on_total, advance)
+                                           on_total, advance, wait=not args.no_wait, on_waiting=waiting)
         except load.LoadError as error:
             bar.stop()
             print(f"error: {error}", file=sys.stderr)
