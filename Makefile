@@ -23,7 +23,7 @@ test: lint check-proto
 	$(PYTHON) -m pytest -q -p no:cacheprovider
 
 # The inner loop: every test that starts no node process (pure core, adapters in-process, fakes), the simulations'
-# schedules at half length (`make test` runs them at full length too). Three workers on two cores: many of these
+# schedules shortened (`make test` runs them at full length too). Three workers on two cores: many of these
 # tests wait (Raft elections, child processes, gRPC deadlines) as much as they compute. Bytecode is cached even where
 # the environment says not to: each worker would otherwise compile every module it collects, on every run.
 test-fast: venv

@@ -20,12 +20,21 @@ from .postgres import create_database, drop_database, throwaway_postgres
 os.environ.setdefault("VBC_SPARK_CLASS_CACHE", "off")
 
 
+def _spread(item) -> bool:
+    return bool(item.get_closest_marker("long") or item.get_closest_marker("waits"))
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k deselected theirs
 def pytest_collection_modifyitems(items):
-    """The long tests spread over the first three quarters of the run, between the modules of the others (in order
-    otherwise): the test workers, which take consecutive tests, share them and end on short ones."""
-    long = [item for item in items if item.get_closest_marker("long")]
-    short = [item for item in items if not item.get_closest_marker("long")]
+    """The long tests and those that wait (blended evenly: a worker that waits leaves the cores to the others) spread
+    over the first three quarters of the run, between the modules of the others (in order otherwise): the test
+    workers, which take consecutive tests, share them and end on short ones."""
+    computing = [item for item in items if item.get_closest_marker("long")]
+    waiting = [item for item in items if _spread(item) and not item.get_closest_marker("long")]
+    long = [item for _, item in sorted([((i + 0.5) / len(computing), item) for i, item in enumerate(computing)]
+                                       + [((i + 0.5) / len(waiting), item) for i, item in enumerate(waiting)],
+                                       key=lambda pair: pair[0])]
+    short = [item for item in items if not _spread(item)]
     if not long or not short:
         return
     every = max(1, len(short) * 3 // 4 // len(long))

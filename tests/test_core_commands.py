@@ -37,6 +37,7 @@ from coordinator.core.commands import (
 from coordinator.core.errors import InvalidArgument
 from coordinator.core.schema import BUILD_STARTED, BUILD_SUCCESS
 from coordinator.core.state import Group0State
+from tests.strength import fast_and_deep
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8))
 NAMES = st.lists(st.text(max_size=8), max_size=4).map(tuple)
@@ -239,9 +240,7 @@ def schema_commands_of(cls: type[Command]) -> st.SearchStrategy[Command]:
     return st.builds(cls, **{f.name: SCHEMA_STRATEGIES[hints[f.name]] for f in dataclasses.fields(cls)})
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of([schema_commands_of(cls) for cls in COMMANDS]), max_size=6))
-def test_well_formed_commands_get_an_outcome_and_refusals_change_nothing(commands):
+def well_formed_commands_get_an_outcome_and_refusals_change_nothing(commands):
     state = Group0State()
     for entry in json.loads(FIXTURE.read_text())["commands"]:
         state.apply(entry)
@@ -250,6 +249,12 @@ def test_well_formed_commands_get_an_outcome_and_refusals_change_nothing(command
         outcome = state.apply(json.loads(json.dumps(encode(command))))
         if not outcome.ok:
             assert pickle.dumps({k: v for k, v in vars(state).items() if not k.startswith("_")}) == before
+
+
+test_well_formed_commands_get_an_outcome_and_refusals_change_nothing, \
+    test_well_formed_commands_get_an_outcome_and_refusals_change_nothing_in_200_examples = fast_and_deep(
+        well_formed_commands_get_an_outcome_and_refusals_change_nothing, 70, 200,
+        given(st.lists(st.one_of([schema_commands_of(cls) for cls in COMMANDS]), max_size=6)), deadline=None)
 
 
 # ----------------------------------------------------------------- the view building loop's commands

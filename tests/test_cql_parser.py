@@ -32,6 +32,7 @@ from cql import (
     Update,
     parse,
 )
+from tests.strength import fast_and_deep
 
 T = QualifiedName("ks", "t")
 
@@ -556,9 +557,7 @@ def _random_case(draw, word: str) -> str:
     return "".join(ch.upper() if draw(st.booleans()) else ch.lower() for ch in word)
 
 
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_insert_round_trip(data):
+def insert_round_trip(data):
     draw = data.draw
     n = draw(st.integers(min_value=1, max_value=6))
     table_src, table = draw(_identifier())
@@ -589,6 +588,10 @@ def test_insert_round_trip(data):
     for got, (_, want) in zip(stmt.values, literals):
         assert _same(got, want), (got, want, text)
     assert stmt.timestamp == timestamp
+
+
+test_insert_round_trip, test_insert_round_trip_in_300_examples = fast_and_deep(
+    insert_round_trip, 100, 300, given(data=st.data()), deadline=None)
 
 
 @settings(max_examples=100, deadline=None)

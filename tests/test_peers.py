@@ -100,6 +100,7 @@ def test_a_connected_channel_keeps_one_call_open_to_its_peer(peer):
         peers.close()
 
 
+@pytest.mark.waits
 def test_a_peer_that_went_down_is_not_dialled_until_a_call_needs_it():
     """A peer's restart must not leave its channel backing off from reconnects nobody asked for: the first call
     after the restart succeeds."""
@@ -118,6 +119,7 @@ def test_a_peer_that_went_down_is_not_dialled_until_a_call_needs_it():
         server.stop(0)
 
 
+@pytest.mark.waits
 def test_a_peer_back_after_failed_calls_is_reached_within_a_second_or_so():
     """Calls that failed while a peer was down made its channel wait before reconnecting: never long enough to keep
     a restarted peer out of reach (gRPC's own wait grows to 120 s)."""

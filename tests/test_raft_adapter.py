@@ -20,6 +20,8 @@ from coordinator.core.state import Group0State
 from coordinator.raft import DUMP_FILE, JOURNAL_FILE, Group0, Group0Unavailable, StateMachineError
 from vbc.cluster import allocate_ports
 
+pytestmark = pytest.mark.waits  # elections, timeouts
+
 T = TypeVar("T")
 PASSWORD = "group0-test-secret"
 ELECTION_TIMEOUT = 10.0

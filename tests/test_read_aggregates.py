@@ -7,7 +7,7 @@ import sqlite3
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from coordinator.core.commands import ColumnSpec, CreateTable
@@ -17,6 +17,7 @@ from replica.rows import delete_row, partition_token
 from storage.cells import Cell, Row
 from storage.reads import Aggregate, combine
 from tests.replica_fakes import InProcessCluster, cluster_state
+from tests.strength import fast_and_deep
 
 COLUMNS = (("k", "int"), ("c", "int"), ("i", "int"), ("b", "bigint"), ("d", "double"), ("t", "text"))
 AGGREGATES = tuple(Aggregate(f, c) for c in ("i", "b", "d") for f in ("count", "min", "max", "sum", "avg")) + (
@@ -94,9 +95,7 @@ def _sql(term: Filter) -> str:
     return f"{term.column} {term.op} {term.value!r}"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=operations, terms=filters)
-def test_aggregates_equal_sqlite_over_the_live_rows(cluster, ops, terms):
+def aggregates_equal_sqlite_over_the_live_rows(cluster, ops, terms):
     table = _new_table(cluster)
     _apply(cluster, table, ops)
     names = tuple(n for n, _ in COLUMNS)
@@ -111,6 +110,11 @@ def test_aggregates_equal_sqlite_over_the_live_rows(cluster, ops, terms):
             assert got == pytest.approx(want, rel=1e-9, abs=1e-6), item
         else:
             assert got == want, item
+
+
+test_aggregates_equal_sqlite_over_the_live_rows, test_aggregates_equal_sqlite_over_the_live_rows_in_40_examples = \
+    fast_and_deep(aggregates_equal_sqlite_over_the_live_rows, 15, 40, given(ops=operations, terms=filters),
+                  deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def test_cql_rules_for_empty_inputs_nan_and_overflow():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from common.replica_messages import RowBatch
@@ -17,6 +17,7 @@ from replica.write_path import route, write_failure
 from storage.arrow_layouts import mutation_table
 from storage.cells import Cell, Row
 from tests.replica_fakes import InProcessCluster, cluster_state
+from tests.strength import fast_and_deep
 
 TS = 1_000
 
@@ -248,9 +249,7 @@ def live_view_rows(node, view) -> list:
     return [row for row in rows if row is not None]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batches=st.lists(st.lists(HISTORY_STEP, min_size=1, max_size=8), min_size=1, max_size=4))
-def test_columnar_writes_with_repeated_keys_leave_the_view_as_row_writes_do(batches):
+def columnar_writes_with_repeated_keys_leave_the_view_as_row_writes_do(batches):
     """The bulk view updates send the net change of a row written several times in one batch; the base rows are
     stored exactly as by the row path and the view shows the same rows, whatever the ties and the order."""
     schema = cluster_state(nodes=("n1", "n2", "n3"), rf=3, tablets=2, shards=2, with_view=True)
@@ -272,3 +271,10 @@ def test_columnar_writes_with_repeated_keys_leave_the_view_as_row_writes_do(batc
         finally:
             columnar.close()
             by_rows.close()
+
+
+test_columnar_writes_with_repeated_keys_leave_the_view_as_row_writes_do, \
+    test_columnar_writes_with_repeated_keys_leave_the_view_as_row_writes_do_in_25_examples = fast_and_deep(
+        columnar_writes_with_repeated_keys_leave_the_view_as_row_writes_do, 8, 25,
+        given(batches=st.lists(st.lists(HISTORY_STEP, min_size=1, max_size=8), min_size=1, max_size=4)),
+        deadline=None, suppress_health_check=[HealthCheck.too_slow])

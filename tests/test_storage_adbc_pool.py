@@ -14,6 +14,8 @@ from storage.adbc_pool import PIPE_BYTES, ChildPool
 from storage.cells import ColumnSpec, Row, TableSpec
 from storage.store import NodeStore
 
+pytestmark = pytest.mark.waits  # child processes that import pyarrow
+
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
 

@@ -17,6 +17,7 @@ from storage.arrow_layouts import mutation_table, state_schema
 from storage.cells import Cell, ColumnSpec, Row, TableSpec
 from storage.upsert import UpsertBindings, upsert_sql
 from tests.storage_states import state_tuple
+from tests.strength import fast_and_deep
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
@@ -73,9 +74,7 @@ def stored(store, spec: TableSpec) -> list[tuple]:
             for row in store.scan(spec.table_id, MIN_TOKEN, MAX_TOKEN, include_tombstones=True)]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(history=st.lists(mutations(), min_size=1, max_size=12), batch=st.integers(1, 5))
-def test_the_sql_upsert_leaves_what_the_python_merge_leaves(store, history, batch):
+def the_sql_upsert_leaves_what_the_python_merge_leaves(store, history, batch):
     in_sql, in_arrow, in_python = fresh_table(store), fresh_table(store), fresh_table(store)
     try:
         for start in range(0, len(history), batch):
@@ -89,6 +88,13 @@ def test_the_sql_upsert_leaves_what_the_python_merge_leaves(store, history, batc
     finally:
         for spec in (in_sql, in_arrow, in_python):
             store.drop_table(spec.table_id)
+
+
+test_the_sql_upsert_leaves_what_the_python_merge_leaves, \
+    test_the_sql_upsert_leaves_what_the_python_merge_leaves_in_60_examples = fast_and_deep(
+        the_sql_upsert_leaves_what_the_python_merge_leaves, 20, 60,
+        given(history=st.lists(mutations(), min_size=1, max_size=12), batch=st.integers(1, 5)),
+        deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def test_a_mutation_that_writes_no_column_leaves_the_other_cells_alone(store):

@@ -8,7 +8,8 @@ some ids, or naming ids of other tasks), which proposal to commit (late, twice, 
 never), which batch to finish (or fail), which node replicates, installs a snapshot, crashes (also between
 recording finished ids and answering) or restarts, when the leader changes and when views are created or dropped.
 A deposed leader's loop keeps running on its lagging state until it notices. After the faults stop, a fair
-schedule must build every view. Checked at every step:
+schedule must build every view. 2,000 schedules: the first 200 (the coverage test) with 80 steps of faults, the
+others with 40 in `make test-fast` and again with 80 in `make test` (marked `deep`). Checked at every step:
 
 - `apply` refuses a loop command from a term older than the newest loop term it has seen, with a typed `StaleTerm`;
 - a FinishViewBuildingTasks removes only tasks some worker recorded in its durable ledger, each with the rows
@@ -78,7 +79,8 @@ pytestmark = pytest.mark.long
 
 CHUNKS = 20
 SEEDS = 2000  # schedules: the coverage test runs the first ones, the chunks share the others
-FAULT_STEPS = 80
+FAULT_STEPS = 80  # a schedule's steps of faults at full length (the coverage test; `make test`, marked `deep`)
+SHORT_FAULT_STEPS = 40  # the chunks' schedules in `make test-fast`
 SETTLE_ROUNDS = 60
 STEP_SECONDS = 0.05
 COLUMNS = (ColumnSpec("k", "int"), ColumnSpec("c", "int"), ColumnSpec("v", "text"))
@@ -682,9 +684,9 @@ def check_batch(state: Group0State, send: SendBatch, loop: LeaderLoop, sent: set
     assert send.term == loop.term and send.epoch == loop.epoch
 
 
-def run_schedule(seed: int, stats: Counter) -> None:
+def run_schedule(seed: int, stats: Counter, fault_steps: int = FAULT_STEPS) -> None:
     simulation = Simulation(seed, stats)
-    for _ in range(FAULT_STEPS):
+    for _ in range(fault_steps):
         simulation.fault_step()
     stats["settle rounds"] += simulation.settle()
     stats["schedules"] += 1
@@ -701,16 +703,22 @@ COVERAGE = ("stale commands refused", "leader changes", "messages lost", "messag
 COVERAGE_SEEDS = range(200)
 
 
-def run_seeds(seeds: range, stats: Counter) -> None:
+def run_seeds(seeds: range, stats: Counter, fault_steps: int = FAULT_STEPS) -> None:
     for seed in seeds:
         try:
-            run_schedule(seed, stats)
+            run_schedule(seed, stats, fault_steps)
         except AssertionError as error:
             raise AssertionError(f"schedule seed {seed}: {error}") from error
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_random_schedules_build_every_view_and_keep_the_invariants(chunk):
+    run_seeds(range(COVERAGE_SEEDS.stop + chunk, SEEDS, CHUNKS), Counter(), SHORT_FAULT_STEPS)
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_random_schedules_at_full_length_build_every_view_and_keep_the_invariants(chunk):
     run_seeds(range(COVERAGE_SEEDS.stop + chunk, SEEDS, CHUNKS), Counter())
 
 

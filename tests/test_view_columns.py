@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import struct
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from coordinator.core.schema import Column, Filter, Replica, Table, ViewDef
@@ -14,6 +14,7 @@ from replica.view_updates import WriteContext, view_updates
 from storage.arrow_layouts import rows_of_mutations, state_table
 from storage.cells import Cell, Row
 from tests.storage_states import state_tuple
+from tests.strength import fast_and_deep
 
 NODES = ("n1", "n2", "n3")
 BASE_ID, VIEW_ID = "b" * 32, "a" * 32
@@ -112,10 +113,13 @@ def row_form(target: str, shard: int, table_id: str, row: Row) -> tuple:
             cells)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(changes())
-def test_bulk_view_updates_equal_the_row_by_row_ones(change):
+def bulk_view_updates_equal_the_row_by_row_ones(change):
     assert_bulk_updates_equal_row_by_row(*change)
+
+
+test_bulk_view_updates_equal_the_row_by_row_ones, test_bulk_view_updates_equal_the_row_by_row_ones_in_400_examples = \
+    fast_and_deep(bulk_view_updates_equal_the_row_by_row_ones, 100, 400, given(changes()), deadline=None,
+                  suppress_health_check=[HealthCheck.too_slow])
 
 
 def test_in_negative_zero_finds_a_stored_zero_as_the_row_path_does():
