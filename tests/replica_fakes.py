@@ -189,8 +189,10 @@ class InProcessNode:
 class InProcessCluster:
     """Replica roles of several nodes in one process, each with its own SQLite store, sharing one group0 state."""
 
-    def __init__(self, directory: Path, schema: Schema):
+    def __init__(self, directory: Path, schema: Schema, register_staged=None):
+        """`register_staged`: each node's `replica.staging.Register` (default: staged rows are refused)."""
         self.schema = schema
+        self._register_staged = register_staged
         self.network = Network()
         self.nodes: dict[str, InProcessNode] = {}
         for node_id in schema.state.nodes:
@@ -203,7 +205,8 @@ class InProcessCluster:
         transport = self.network.transport_of(node_id)
         injections = Injections()
         local = LocalData(node_id, store, SchemaAccess(read_state, lambda _version: None, InflightWrites()),
-                          transport, injections, NodeMetrics())
+                          transport, injections, NodeMetrics(),
+                          register_staged=self._register_staged(node_id) if self._register_staged else None)
         return InProcessNode(node_id, store, local, WriteCoordinator(node_id, read_state, local, transport, injections),
                              ReadCoordinator(node_id, read_state, local, transport), injections)
 
