@@ -14,7 +14,9 @@ bounded timeout), a few writes go on between the polls. The cluster keeps 3 or 4
 At the end: pending writes are retried, every migration must end and every view and index be built; `vbc check`
 of each (every replica), a full SELECT of the base table through every node and each view's rows must equal what
 the model says, and index lookups must answer the model's keys. The same seed makes the same choices of
-operations. Exit status 0 only when no operation failed and every check matched. Every process started here is
+operations. A tenth of the write units are a bulk load's executions (inserts of one timestamp as Arrow values,
+staged into the replicas of a table with views); the final phase waits until no staged row is left. Exit status 0
+only when no operation failed and every check matched. Every process started here is
 stopped by pid at the end, on failure, on Ctrl-C and at the hard deadline (MINUTES plus HARD_EXTRA seconds).
 
 Every acknowledged write (where it was made, after how many attempts), every operation and the tablet maps after
@@ -40,6 +42,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc  # noqa: E402
+import pyarrow as pa  # noqa: E402
 
 from vbc import client  # noqa: E402
 from vbc import cluster as cluster_mod  # noqa: E402
@@ -65,6 +68,7 @@ WRITE_RETRY_TIMEOUT = 90.0  # a write still refused after this goes to the pendi
 FINAL_TIMEOUT = 900.0  # the final phase: pending writes, quiescence, builds, checks
 HARD_EXTRA = 1500.0  # the hard deadline: MINUTES plus this (start, the last operation, the final phase)
 BACKGROUND_UNITS = 2  # writes sent per poll while a topology operation is awaited
+STAGED_SHARE = 0.1  # of the write units: a bulk load's execution (staged into the replicas of a table with views)
 MAX_PENDING = 40  # no new background writes while this many wait to be acknowledged (e.g. a node is down)
 
 EVIDENCE_MARKS = (" ERROR ", "Traceback", " CRITICAL ", "WARNING coordinator.")  # node log lines shown on failure
@@ -145,6 +149,13 @@ class Write:
         return f"UPDATE {BASE} USING TIMESTAMP {self.ts} SET {sets} WHERE k = {self.k}"
 
 
+def staged_values(unit: Unit) -> pa.Table:
+    """A staged unit's (k, a, b) value sets as Arrow columns."""
+    cells = [dict(w.cells) for w in unit.writes]
+    return pa.table({"k": pa.array([w.k for w in unit.writes], pa.int32()),
+                     "a": pa.array([c["a"] for c in cells], pa.int32()), "b": pa.array([c["b"] for c in cells])})
+
+
 def literal(value: object) -> str:
     if value is None:
         return "null"
@@ -188,8 +199,11 @@ class Unit:
     writes: list[Write]
     made: str = ""
     attempts: int = 0
+    staged: bool = False  # inserts of one timestamp, sent as a bulk load's Arrow values (the staging path)
 
     def cql(self) -> str:
+        if self.staged:
+            return f"INSERT INTO {BASE} (k, a, b) VALUES (?, ?, ?) USING TIMESTAMP {self.writes[0].ts}"
         if len(self.writes) == 1:
             return self.writes[0].cql()
         return "BEGIN UNLOGGED BATCH " + "; ".join(w.cql() for w in self.writes) + "; APPLY BATCH"
@@ -207,7 +221,7 @@ class Writer:
         self.context = "setup"  # "step N kind", set by the run
         self.pending: list[Unit] = []
         self.history: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=4))
-        self.units = self.statements = self.failed_attempts = self.background = 0
+        self.units = self.statements = self.failed_attempts = self.background = self.staged_units = 0
         self.errors: collections.Counter = collections.Counter()
 
     def timestamp(self) -> int:
@@ -216,9 +230,19 @@ class Writer:
         return self._last_ts
 
     def make_unit(self, rng: random.Random, background: bool = False) -> Unit:
-        count = 1 if rng.random() < 0.7 else rng.randint(2, 5)
         made = self.context + (" (during the operation)" if background else "")
+        if rng.random() < STAGED_SHARE:
+            return self.make_staged_unit(rng, made)
+        count = 1 if rng.random() < 0.7 else rng.randint(2, 5)
         return Unit([self.make_write(rng) for _ in range(count)], made)
+
+    def make_staged_unit(self, rng: random.Random, made: str) -> Unit:
+        """Inserts of distinct keys at one timestamp, loaded as `vbc load` does (staged into a table with views)."""
+        ts = self.timestamp()
+        writes = [Write("insert", k, (("a", None if rng.random() < 0.1 else rng.randrange(1000)),
+                                      ("b", None if rng.random() < 0.1 else rng.choice(B_VALUES))), ts)
+                  for k in sorted(rng.sample(range(KEYS), rng.randint(5, 40)))]
+        return Unit(writes, made, staged=True)
 
     def make_write(self, rng: random.Random) -> Write:
         k, roll = rng.randrange(KEYS), rng.random()
@@ -237,7 +261,8 @@ class Writer:
         start = turn % max(len(addresses), 1)
         unit.attempts += 1
         try:
-            client.execute(addresses[start:] + addresses[:start], unit.cql(), timeout=WRITE_RPC_TIMEOUT)
+            client.execute(addresses[start:] + addresses[:start], unit.cql(), timeout=WRITE_RPC_TIMEOUT,
+                           params=staged_values(unit) if unit.staged else None, staged=unit.staged)
         except grpc.RpcError as error:
             self.failed_attempts += 1
             self.errors[client.error_text(error)[:160]] += 1
@@ -251,8 +276,10 @@ class Writer:
             self.model.apply(write)
             self.history[write.k].append((write.ts, f"ts {write.ts} {write.kind} {dict(write.cells)}: {story}"))
         self.units += 1
+        self.staged_units += unit.staged
         self.statements += len(unit.writes)
-        self._journal(f"write {story}: {unit.cql()}")
+        self._journal(f"write {story}: {unit.cql()}" + (f" staged keys {[w.k for w in unit.writes]}" if unit.staged
+                                                         else ""))
 
     def send(self, unit: Unit, timeout: float) -> bool:
         """Retry `unit` until acknowledged or `timeout` (then it waits in `pending`); True when acknowledged."""
@@ -783,6 +810,7 @@ class Soak:
                  f"indexes {self.indexes}")
         self.disable_injections()
         self.final_stage("pending writes", lambda: self.flush(final_deadline))
+        self.final_stage("staged rows processed", lambda: self.wait_staged(remaining(final_deadline)))
         self.final_stage("migrations ended", lambda: self.wait_quiet(remaining(final_deadline)))
         self.reconcile()
         self.journal_tablets()
@@ -835,6 +863,11 @@ class Soak:
         self.wait_for(quiet, timeout, "every migration to end (two polls in a row without one)")
         counts = {t: len(client.tablets(self.cluster.addresses(), t)) for t in self.tables()}
         return f"no migration; tablets {counts}; nodes {self.cluster.live_ids()}"
+
+    def wait_staged(self, timeout: float) -> str:
+        self.wait_for(lambda: not self.status(views_only=True)["staging"], timeout,
+                      "every staged row of a load to be processed")
+        return f"no staged rows left ({self.writer.staged_units} staged unit(s) acknowledged in the run)"
 
     def wait_built(self, timeout: float) -> str:
         names = {f"{KS}.{v.name}" for v in self.views} | {f"{KS}.{i}" for i in self.indexes}

@@ -7,7 +7,9 @@ p50 and Arrow batches, R pairs of fresh clusters). Clusters serve mutual TLS, as
 For 1 node RF 1 and 3 nodes RF 3, each with 0 and 1 materialized view, rows/s of four ways to write the same rows:
 `text` (BEGIN BATCH statement text of B INSERTs), `prepared` (one prepared INSERT, B value sets per execution),
 `arrow` (the prepared INSERT with A value sets as one Arrow IPC stream), `load` (`vbc load` of a Parquet file, A
-rows per execution, its checking pass included). text/prepared/arrow run C concurrent clients spread over the
+rows per execution, its checking pass included; into a table with a view the rows go through the replicas' staging
+areas and the load ends once they are visible, so its time includes their processing; `--load-rows N` gives it more
+rows than the others; `--methods` picks the ways measured). text/prepared/arrow run C concurrent clients spread over the
 nodes; load is one process. Baselines, same rows, same run: SQLite `executemany` (WAL, one transaction per B or A
 rows) and, when PostgreSQL 15 is installed, psycopg `executemany` and `COPY` (a table with the same primary key,
 and one secondary index for the 1-view rows). Ratios are ours / SQLite `executemany` with the same rows per
@@ -124,10 +126,13 @@ def batch_statement(rows: list[tuple], table: str) -> str:
 
 
 def create_table(address: str, table: str, views: int) -> None:
+    """The table, and its view once built (over no rows: the writes measured maintain it, they do not race its
+    build)."""
     client.execute(address, f"CREATE TABLE {table} (id int, name text, score double, grp int, PRIMARY KEY (id))")
     if views:
         client.execute(address, f"CREATE MATERIALIZED VIEW {table}_by_grp AS SELECT * FROM {table} "
                                 "WHERE grp IS NOT NULL AND id IS NOT NULL PRIMARY KEY (grp, id)")
+        client.wait_built(address, f"{table}_by_grp", 300)
 
 
 def method_rate(method: str, addresses: list[str], table: str, rows: list[tuple], batch: int, arrow_batch: int,
@@ -165,7 +170,8 @@ class Paired:
 
 def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int, arrow_batch: int,
                   clients: int, repeat: int, insecure: bool = False, methods: tuple[str, ...] = METHODS,
-                  spark_prestart: bool = True) -> tuple[dict[str, Paired], Latencies | None]:
+                  spark_prestart: bool = True,
+                  load_rows: list[tuple] | None = None) -> tuple[dict[str, Paired], Latencies | None]:
     """Per method, `repeat` runs through one fresh cluster (a table per run), each paired with a SQLite baseline run
     just before it; and single-row latencies (3 nodes only). The cluster serves mutual TLS unless `insecure`; its
     nodes start their Spark sessions at once unless `spark_prestart` is False."""
@@ -179,14 +185,15 @@ def cluster_rates(nodes: int, rf: int, views: int, rows: list[tuple], batch: int
                                          "AND tablets = {'initial': 8}")
 
             def run_once(method: str, run: int) -> tuple[float, float]:
+                rows_ = load_rows if method == "load" and load_rows else rows
                 table = f"bench.t_{method}_{run}"
                 create_table(addresses[0], table, views)
                 os.sync()
-                baseline = sqlite_baseline(rows, batch if method in ("text", "prepared") else arrow_batch, bool(views))
+                baseline = sqlite_baseline(rows_, batch if method in ("text", "prepared") else arrow_batch, bool(views))
                 os.sync()
-                rate = method_rate(method, addresses, table, rows, batch, arrow_batch, clients, tmp)
+                rate = method_rate(method, addresses, table, rows_, batch, arrow_batch, clients, tmp)
                 written = client.query(addresses[0], f"SELECT COUNT(*) FROM {table}")[0]["count"]
-                assert written == len(rows), f"{method}: expected {len(rows)} rows, found {written}"
+                assert written == len(rows_), f"{method}: expected {len(rows_)} rows, found {written}"
                 wait_for_view_updates(addresses)
                 return rate, baseline
 
@@ -299,6 +306,11 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(f"{n}/{rf}/{v}" for n, rf, v in CONFIGS),
                         help="nodes/rf/views of each cluster to measure, comma separated (default: all four)")
     parser.add_argument("--insecure", action="store_true", help="clusters serve plaintext gRPC (default: mutual TLS)")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help=f"ways of writing to measure, comma separated (default: {','.join(METHODS)})")
+    parser.add_argument("--load-rows", type=int, default=0,
+                        help="rows of the `load` way (default: --rows); a staged load's fixed cost (its tasks' "
+                             "round trip) weighs less on more rows")
     parser.add_argument("--compare-tls", action="store_true",
                         help="only 3 nodes RF 3: Arrow batches and single-row INSERTs over TLS and with --insecure, "
                              "alternating clusters, and their ratios")
@@ -306,20 +318,26 @@ def main() -> None:
     configs = [tuple(int(part) for part in config.split("/")) for config in args.configs.split(",")]
 
     rows = make_rows(args.rows)
+    methods = tuple(m for m in args.methods.split(",") if m)
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        parser.error(f"unknown method(s) {', '.join(sorted(unknown))}: use {', '.join(METHODS)}")
     if args.compare_tls:
         compare_tls(rows, args)
         return
-    print(f"write path: {args.rows:,} rows; text/prepared: {args.batch} per execution, arrow/load: "
+    print(f"write path: {args.rows:,} rows (load: {args.load_rows or args.rows:,}, staged into a table with a view); "
+          f"text/prepared: {args.batch} per execution, arrow/load: "
           f"{args.arrow_batch} per execution; {args.clients} concurrent clients (load: one process); "
           f"medians of {args.repeat} runs, each paired with a SQLite executemany run of the same rows")
     for nodes, rf, views in configs:
         ours, latencies = cluster_rates(nodes, rf, views, rows, args.batch, args.arrow_batch, args.clients,
-                                        args.repeat, args.insecure)
+                                        args.repeat, args.insecure, methods=methods,
+                                        load_rows=make_rows(args.load_rows) if args.load_rows else None)
         pg = postgres_baselines(rows, args.batch, bool(views))
         print(f"\n{nodes} node{'s' if nodes > 1 else ''} RF {rf}, {views} view{'s' if views != 1 else ''}: "
               + (f"PostgreSQL executemany {pg['executemany']:,.0f}, COPY {pg['copy']:,.0f} rows/s ({args.batch}/txn)"
                  if pg else "PostgreSQL not installed"))
-        for method in METHODS:
+        for method in methods:
             paired = ours[method]
             per_txn = args.batch if method in ("text", "prepared") else args.arrow_batch
             print(f"  {method:<9} {paired.ours:>10,.0f} rows/s   SQLite executemany {paired.sqlite:>10,.0f} rows/s "

@@ -41,7 +41,7 @@ DEFAULT_IN_FLIGHT = 2  # one batch applied by the cluster while the next is read
 CSV_BLOCK_BYTES = 4 << 20
 CSV_NULLS = ["", "NULL", "null"]
 DEFAULT_STAGED_WAIT = 3600.0  # seconds `load` waits for its staged rows to become visible
-STAGED_POLL_S = 0.1
+STAGED_POLL_S = 0.2  # the longest wait between two looks (the first is 10 ms)
 
 
 class LoadError(Exception):
@@ -328,7 +328,7 @@ def wait_staged(addresses: list[str], table: str, timeout: float = DEFAULT_STAGE
     """Return once no replica of `table` ("ks.name") holds bulk-loaded rows still to process (StatusResponse's
     `staging`), calling `on_waiting` with the table's staging entry while some do. TimeoutError after `timeout`."""
     name = qualified_name(table)
-    deadline = time.monotonic() + timeout
+    deadline, poll = time.monotonic() + timeout, 0.01
     while True:
         staged = next((t for t in client.status(addresses, views_only=True)["staging"] if t["table"] == name), None)
         if staged is None:
@@ -338,7 +338,8 @@ def wait_staged(addresses: list[str], table: str, timeout: float = DEFAULT_STAGE
                                f"on {', '.join(staged['replicas'])}: the rows become visible once they are processed "
                                "(see `vbc status`)")
         on_waiting(staged)
-        time.sleep(STAGED_POLL_S)
+        time.sleep(poll)
+        poll = min(poll * 1.5, STAGED_POLL_S)
 
 
 def qualified_name(table: str) -> str:
