@@ -53,3 +53,9 @@ def test_the_schedules_exercise_every_operation_and_fault():
     never = [kind for kind in EXERCISED if not stats[kind]]
     print("\n".join(f"{kind}: {count}" for kind, count in sorted(stats.items())))
     assert not never, f"never exercised: {never}"
+
+
+def test_the_schedule_settles_the_view_updates_its_last_writes_left_in_outboxes():
+    """Seed 1487's 30 steps end on the delivery of its last write: nothing but the view updates in an outbox is left
+    to settle, and the final check sees them delivered."""
+    run_seeds([1487], Counter(), 30)

@@ -156,3 +156,19 @@ def test_merge_moves_compare_sets_and_the_merge_maps_positions():
     assert resize.merge_moves(state, table_id) == []  # two nodes, RF 2: every pair already shares its replicas
     assert merge(state, table_id).ok
     assert positions_with_tasks(state, table_id, 0) == {0, 1}
+
+
+def test_a_batch_whose_node_came_back_as_the_pending_replica_of_an_rf_increase_is_routed_from_its_new_position():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=1, tablets=1)
+    view_id = make_view(state)
+    [first] = state.tablets[table_id].replicas[0]
+    [task] = [t for t in state.tasks.values() if t.view_id == view_id]
+    plan = build_plan(state, [task], first.node)  # position 0
+    other = next(Replica(n, 0) for n in sorted(state.nodes) if n != first.node)
+    start_kind(state, table_id, 0, "move", first, other)
+    run_to(state, table_id, 0, "end_migration")
+    assert alter_rf(state, 2).ok
+    start_kind(state, table_id, 0, "add", other, first)  # the batch's node returns, at position 1
+    with pytest.raises(Unavailable, match=f"base replica {first} \\(position 1\\)"):
+        routed_now(state, plan, first.node)

@@ -793,6 +793,8 @@ class Simulation:
             left.append(f"holds of kept view rows {sorted(truth.held_view_rows)}")
         if self.writes or self.retries or self.batches or self.reads or self.steps or self.events:
             left.append("work in flight")
+        if any(self.nodes[target].up for node in self.up_nodes() for target, _ in node.outbox):
+            left.append("view updates in outboxes")
         return left
 
     def check_built_views(self) -> None:

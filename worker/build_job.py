@@ -157,8 +157,10 @@ def routed_now(state, plan: BuildPlan, node_id: str) -> BuildPlan:
     pair = position_of(state, plan.base.id, tablet, node_id)
     if pair is None:
         raise NotFound(f"node {node_id} no longer holds tablet {tablet} of {plan.base.qualified_name}")
+    own = (next((r for r in base_map.replicas[tablet] if r.node == node_id), None)
+           or transition_of(state, plan.base.id, tablet).pending)  # a pending replica is in no position of the map
     for view in views:  # an RF increase may have begun since the batch was planned
-        waiting = view_position_missing(state, view.id, pair, base_map.replicas[tablet][pair])
+        waiting = view_position_missing(state, view.id, pair, own)
         if waiting is not None:
             raise Unavailable(f"the batch on tablet {tablet} of {plan.base.qualified_name} cannot be finished yet: "
                               f"{waiting}")
