@@ -112,7 +112,7 @@ def test_staged_loads_with_concurrent_writers_leave_base_and_views_exact(tmp_pat
         assert_exact(cluster, "building", expected)
 
 
-def test_a_load_that_does_not_wait_shows_its_staged_rows_in_the_status_and_a_bad_file_writes_nothing(tmp_path):
+def test_a_load_that_does_not_wait_shows_its_staged_rows_which_survive_a_kill_and_a_bad_file_writes_nothing(tmp_path):
     with LocalCluster(2, tmp_path / "cluster") as cluster:
         cluster.execute("CREATE KEYSPACE ks WITH replication = {'rf': 2} AND tablets = {'initial': 2}")
         create(cluster, "t")
@@ -130,8 +130,9 @@ def test_a_load_that_does_not_wait_shows_its_staged_rows_in_the_status_and_a_bad
         staged = client.status(cluster.addresses(), views_only=True)["staging"]
         assert [t["table"] for t in staged] == ["ks.t"] and staged[0]["tasks"] >= 2
         assert cluster.query("SELECT COUNT(*) FROM ks.t") == [{"count": 0}]  # invisible until processed
-        for node in ("n1", "n2"):
-            cluster.inject("worker_pause_process_staging", node, "disable")
+        cluster.stop_node("n1", kill=True)  # its staged rows and their tasks outlive it
+        cluster.start_node("n1")
+        cluster.inject("worker_pause_process_staging", "n2", "disable")
         load.wait_staged(cluster.addresses(), "ks.t", timeout=TIMEOUT)
         assert cluster.query("SELECT COUNT(*) FROM ks.t") == [{"count": 5_000}]
         check = client.check(cluster.addresses(), "ks.t_by_grp")

@@ -18,7 +18,13 @@ its tablets, as the store does. What runs is the product's code:
   balancer move; the simulation carries out its barriers (every node catches up, writes and view updates begun
   before are delivered), streams (which may fail) and cleanups;
 - reads: planned on a coordinator's state and served range by range on later steps, each replica checking with
-  `moved_away` that it still serves the range it is asked for, the coordinator re-planning a refused range.
+  `moved_away` that it still serves the range it is asked for, the coordinator re-planning a refused range;
+- staged loads (unless `staging=False`): a bulk load's write goes to the staging area of every replica of a table with
+  views whose tablet is not in transition (as `route_columns` routes it); each replica checks what
+  `replica.staging.StagingArea.stage` checks, keeps the rows and registers them (`RegisterStagedRows`, the real
+  refusals: the rows are then written directly); a later step runs the replica's `process_staging` tasks of one
+  tablet as the worker does (its entries up to the tasks' number applied as a write, then deleted, the tasks
+  finished). A node that dies loses its staged rows.
 
 After every command `Group0State.validate()` runs (the conftest fixture) and `MigrationLoop.validate()` after every
 event. At the end of a schedule every base replica holds the base rows of its tablets and every view replica the
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
@@ -49,6 +55,7 @@ from coordinator.core.commands import (
     FinishViewBuildingTasks,
     HoldViewRows,
     RegisterNode,
+    RegisterStagedRows,
     ReleaseViewRows,
     RequestTabletMerge,
     SplitTablets,
@@ -81,8 +88,9 @@ from coordinator.core.migration_loop import (
     Tick,
 )
 from coordinator.core.planner import next_batch, replica_queues
+from coordinator.core.schema import TASK_PROCESS_STAGING
 from coordinator.core.state import Group0State
-from coordinator.core.tokens import tablet_range
+from coordinator.core.tokens import tablet_of, tablet_range
 from coordinator.core.views import view_row
 from replica.local import moved_away
 from replica.rows import upsert_row, visible_row
@@ -124,10 +132,22 @@ class SimNode:
     applied: int = 0
     rows: dict[str, dict[tuple, Row]] = field(default_factory=dict)  # table id -> key -> stored row
     outbox: list = field(default_factory=list)  # (target node, RowBatch) of view updates not yet delivered
+    staged: list = field(default_factory=list)  # StagedEntry of bulk-loaded rows not yet in the base
+    staged_seq: int = 0
     up: bool = True
 
     def table_rows(self, table_id: str) -> dict[tuple, Row]:
         return self.rows.setdefault(table_id, {})
+
+
+@dataclass(frozen=True)
+class StagedEntry:
+    """Rows a replica keeps in its staging area (`storage.staging`): number, token range staged for, rows."""
+
+    seq: int
+    first_token: int
+    last_token: int
+    rows: tuple
 
 
 @dataclass(eq=False)
@@ -166,10 +186,11 @@ class Batch:
 class Simulation:
     """One seeded schedule."""
 
-    def __init__(self, seed: int, stats: Counter, faults: bool = True):
+    def __init__(self, seed: int, stats: Counter, faults: bool = True, staging: bool = True):
         self.rng = random.Random(seed)
         self.stats = stats
         self.faults = faults
+        self.staging = staging
         self.log: list[Command] = []
         self.truth = Group0State()
         self.model: dict[tuple, Row] = {}  # the client's base rows: every write it made, merged
@@ -251,7 +272,11 @@ class Simulation:
         self.model[key] = merged_row(self.model.get(key), row) or self.model.get(key) or row
         for read in self.reads:
             read.dirty.add(key)
-        self.route(row, self.rng.choice(self.up_nodes()))
+        coordinator = self.rng.choice(self.up_nodes())
+        if self.staging and self.rng.random() < 0.3:
+            self.route_staged(row, coordinator)
+        else:
+            self.route(row, coordinator)
 
     def mutation(self, key: tuple, ts: int) -> Row:
         token = upsert_row(self.table, {"k": key[0]}, ts).token
@@ -270,6 +295,17 @@ class Simulation:
         deliveries = route(coordinator.state, [(self.table, row)], row.marker_ts or row.tomb_ts)
         self.writes.append(Write(row, list(deliveries)))
 
+    def route_staged(self, row: Row, coordinator: SimNode) -> None:
+        """A bulk load's row: staged on every replica when the coordinator sees views and its tablet at rest (as
+        `route_columns` with `staged` decides), else written directly."""
+        state = coordinator.state
+        deliveries = route(state, [(self.table, row)], row.marker_ts or row.tomb_ts)
+        tablet = tablet_of(row.token, state.tablets[BASE].tablet_count)
+        if any(True for _ in state.views_of(BASE)) and (BASE, tablet) not in state.transitions:
+            deliveries = [(node, replace(batch, staged=True)) for node, batch in deliveries]
+            self.stats["staged writes"] += 1
+        self.writes.append(Write(row, list(deliveries)))
+
     def deliver_write(self, write: Write) -> None:
         node_id, batch = write.deliveries.pop(self.rng.randrange(len(write.deliveries)))
         node = self.nodes[node_id]
@@ -277,7 +313,8 @@ class Simulation:
             write.failed = True
         else:
             self.catch_up_to_version(node, batch.schema_version)
-            write.failed |= not self.apply_base_write(node, batch)
+            applied = self.stage(node, batch) if batch.staged else self.apply_base_write(node, batch)
+            write.failed |= not applied
         if not write.deliveries:
             self.writes.remove(write)
             if write.failed:
@@ -300,6 +337,57 @@ class Simulation:
                 stored[row.key] = new
                 node.outbox.extend(view_updates(context, node.id, old, new))
         return True
+
+    def stage(self, node: SimNode, batch) -> bool:
+        """`StagingArea.stage`: refused (False, the client writes the row directly) without views, for a tablet in
+        transition or of another replica; else kept and registered, and refused if group0 refuses the registration."""
+        context = write_context(node.state, batch.table_id)
+        if context is None or not context.views:
+            self.stats["staged writes refused"] += 1
+            return False
+        count = len(context.base_replicas)
+        tablet = tablet_of(batch.rows[0].token, count)
+        try:
+            pair_index(context, node.id, batch.rows[0].token)
+        except CoreError:
+            self.stats["staged writes refused"] += 1
+            return False
+        if tablet in context.base_moves:
+            self.stats["staged writes refused"] += 1
+            return False
+        node.staged_seq += 1
+        entry = StagedEntry(node.staged_seq, *tablet_range(tablet, count), batch.rows)
+        node.staged.append(entry)
+        error = self.append(RegisterStagedRows(base_id=BASE, node=node.id, shard=batch.shard, tablet_id=tablet,
+                                               tablet_count=count, through=entry.seq, cmd_id=self.new_id()))
+        if error is not None:
+            node.staged.remove(entry)
+            self.stats["staged registrations refused"] += 1
+            return False
+        return True
+
+    def process_staging(self, task=None) -> None:
+        """A process_staging batch (`replica.staging.StagingArea.process`): every task of one tablet replica, its
+        entries up to their highest number applied as a write on the node's state, deleted, the tasks finished."""
+        tasks = [t for t in self.truth.tasks.values()
+                 if t.type == TASK_PROCESS_STAGING and self.nodes[t.replica.node].up]
+        if task is None:
+            if not tasks:
+                return
+            task = self.rng.choice(tasks)
+        group = [t for t in tasks
+                 if (t.base_id, t.tablet_id, t.replica) == (task.base_id, task.tablet_id, task.replica)]
+        node = self.nodes[task.replica.node]
+        self.catch_up(node)
+        first, last = tablet_range(task.tablet_id, node.state.tablets[BASE].tablet_count)
+        through = max(t.staged_through for t in group)
+        for entry in [e for e in node.staged if (e.first_token, e.last_token) == (first, last) and e.seq <= through]:
+            batch = RowBatch(BASE, task.replica.shard, entry.rows, node.state.schema_version)
+            assert self.apply_base_write(node, batch), \
+                f"{node.id} refused its own staged rows of tablet {task.tablet_id}"
+            node.staged.remove(entry)
+            self.stats["staged entries processed"] += 1
+        self.append(FinishViewBuildingTasks(term=1, task_ids=tuple(t.id for t in group), cmd_id=None))
 
     def retry(self) -> None:
         row = self.retries.pop(0)
@@ -335,7 +423,7 @@ class Simulation:
 
     def start_batch(self) -> None:
         queues = replica_queues(self.truth, (BASE,))
-        candidates = [r for r in sorted(queues) if self.nodes[r.node].up]
+        candidates = [r for r in sorted(queues) if self.nodes[r.node].up and BASE in queues[r]]
         if not candidates:
             return
         replica = self.rng.choice(candidates)
@@ -620,6 +708,7 @@ class Simulation:
                 self.nodes[victim].up = False
                 self.nodes[victim].rows.clear()
                 self.nodes[victim].outbox.clear()
+                self.nodes[victim].staged.clear()
         elif self.rng.random() < 0.5:
             self.create_view() if self.views_made < 3 else None
 
@@ -654,6 +743,7 @@ class Simulation:
         read = Read(coordinator.id, table_id, coordinator.state.schema_version,
                     self.plan_ranges(coordinator, table_id, None))
         read.dirty |= {w.row.key for w in self.writes} | {row.key for row in self.retries}  # not acknowledged yet
+        read.dirty |= self.staged_keys()
         self.reads.append(read)
         self.stats["reads"] += 1
 
@@ -721,7 +811,10 @@ class Simulation:
         elif roll < 0.5:
             self.lag(rng.choice(self.up_nodes()))
         elif roll < 0.56:
-            self.start_batch()
+            if self.staging and rng.random() < 0.4:
+                self.process_staging()
+            else:
+                self.start_batch()
         elif roll < 0.62 and self.batches:
             self.deliver_batch(rng.choice(self.batches), fail=self.faults and rng.random() < 0.1)
         elif roll < 0.7:
@@ -771,6 +864,9 @@ class Simulation:
             self.drive_tick()
             while self.batches:
                 self.deliver_batch(self.batches[0], fail=False)
+            while staging := [t for t in self.truth.tasks.values()
+                              if t.type == TASK_PROCESS_STAGING and self.nodes[t.replica.node].up]:
+                self.process_staging(staging[0])
             self.start_batch()
         raise AssertionError(f"the schedule did not settle: {self.unsettled()}")
 
@@ -795,15 +891,22 @@ class Simulation:
             left.append("work in flight")
         if any(self.nodes[target].up for node in self.up_nodes() for target, _ in node.outbox):
             left.append("view updates in outboxes")
+        if any(node.staged for node in self.up_nodes()):
+            left.append(f"staged rows on {sorted(n.id for n in self.up_nodes() if n.staged)}")
         return left
+
+    def staged_keys(self) -> set[tuple]:
+        """The keys of rows some replica keeps staged: visible nowhere, or on some replicas only, until processed."""
+        return {row.key for node in self.nodes.values() for entry in node.staged for row in entry.rows}
 
     def check_built_views(self) -> None:
         """At a barrier every write and view update so far has been delivered: each replica a read of a BUILT view
-        may use holds exactly its view rows, but for keys a failed write left half applied (retried later). Once a node
-        died, a view stays stale where its lost updates went until the repairs end: not checked here."""
+        may use holds exactly its view rows, but for keys a failed write left half applied (retried later) or a load
+        left staged. Once a node died, a view stays stale where its lost updates went until the repairs end: not
+        checked here."""
         if self.deaths:
             return
-        dirty = {row.key for row in self.retries}
+        dirty = {row.key for row in self.retries} | self.staged_keys()  # staged rows: not visible until processed
         live = {key: self.visible(self.table, row) for key, row in self.model.items()
                 if is_live(row) and key not in dirty}
         for view in self.truth.views_of(BASE):

@@ -7,8 +7,9 @@ column. The checked rows are kept in a temporary directory, grouped by token ran
 are sent range after range, `--batch-rows` rows per execution of one prepared `INSERT` with the values as an
 Arrow IPC stream, two executions in flight. The executions are staged: a table with views keeps the rows in
 its replicas' staging areas, where process_staging tasks move them into the base and derive their view updates;
-`load` then waits until none is left for the table (unless told not to wait). A failure midway says how many rows were committed (executions
-after the failed one may be applied too); every row is an INSERT, so loading the file again is harmless.
+`load` then waits until none is left for the table (unless told not to wait). A failure midway says how many
+rows were committed (executions after the failed one may be applied too); every row is an INSERT, so loading the
+file again is harmless.
 
 CSV: a header line names the columns; an unquoted empty field, NULL or null is NULL; a quoted "" is an empty
 text; booleans are true/false (or 1/0); timestamps are ISO 8601 or milliseconds since the epoch (what a CQL

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 def register_staged_rows(state: Group0State, cmd: RegisterStagedRows) -> str:
     """The id of the live `process_staging` task covering the replica's staged rows of the tablet up to
-    `cmd.through`, made if none does. Otherwise refused (FAILED_PRECONDITION, nothing changed) when the rows must go through
-    the write path instead: the table has no view, its tablets were split or merged since the rows were routed, the
+    `cmd.through`, made if none does. Otherwise refused (FAILED_PRECONDITION, nothing changed) when the rows must go
+    through the write path instead: the table has no view, its tablets were split or merged since the rows were routed, the
     replica no longer holds the tablet, its node is being removed, or the tablet is in transition."""
     check_id(cmd.cmd_id)
     table, tablet_map = state.tables.get(cmd.base_id), state.tablets.get(cmd.base_id)
