@@ -370,8 +370,11 @@ def _status_snapshot(state):
 def _staged_tables(state) -> list[pb.StagedTable]:
     """The tables with process_staging tasks left, by name."""
     replicas: dict[str, list[str]] = {}
+    rows: dict[str, int] = {}
     for task in state.tasks.values():
         if task.type == TASK_PROCESS_STAGING and task.base_id in state.tables:
-            replicas.setdefault(state.tables[task.base_id].qualified_name, []).append(str(task.replica))
-    return [pb.StagedTable(table=name, tasks=len(held), replicas=sorted(set(held)))
+            name = state.tables[task.base_id].qualified_name
+            replicas.setdefault(name, []).append(str(task.replica))
+            rows[name] = rows.get(name, 0) + task.staged_rows
+    return [pb.StagedTable(table=name, tasks=len(held), replicas=sorted(set(held)), rows=rows[name])
             for name, held in sorted(replicas.items())]

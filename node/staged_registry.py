@@ -24,7 +24,7 @@ class StagedRegistry:
     def __call__(self, entry: StagedTablet) -> None:
         command = RegisterStagedRows(cmd_id=uuid.uuid4().hex, base_id=entry.table_id, node=self._node_id,
                                      shard=entry.shard, tablet_id=entry.tablet_id, tablet_count=entry.tablet_count,
-                                     through=entry.through)
+                                     through=entry.through, rows=entry.rows)
         try:
             outcome = self._group0.propose(command, timeout=PROPOSE_TIMEOUT)
         except Exception as error:  # noqa: BLE001 - no leader now: the loader retries the batch

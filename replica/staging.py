@@ -38,6 +38,7 @@ class StagedTablet:
     tablet_count: int
     shard: int
     through: int
+    rows: int = 0
 
 
 Register = Callable[[StagedTablet], None]  # raises the CoreError of a refused registration
@@ -73,7 +74,7 @@ class StagingArea:
         parts = list(self._tablet_parts(context, columns))
         staged = [StagedTablet(batch.table_id, tablet, len(context.base_replicas), batch.shard,
                                self._store.stage(batch.table_id, *tablet_range(tablet, len(context.base_replicas)),
-                                                 part))
+                                                 part), part.num_rows)
                   for tablet, part in parts]
         try:
             for entry in staged:
@@ -142,7 +143,8 @@ class StagingArea:
                 if shard is None:
                     raise NotFound(f"node {self.node_id} holds no tablet {entry.first_token}..{entry.last_token} of "
                                    f"table id {entry.table_id}")
-                self._register(StagedTablet(entry.table_id, target, located.tablet_count, shard, entry.seq))
+                self._register(StagedTablet(entry.table_id, target, located.tablet_count, shard, entry.seq,
+                                            entry.rows))
                 registered += 1
             except (FailedPrecondition, NotFound):
                 deleted += self._store.unstage([entry.seq])

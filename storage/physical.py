@@ -219,13 +219,22 @@ class PhysicalTable:
             found[lookup_key(row.token, row.key)] = row
         return found
 
-    def _select_keyed(self, conn: sa.Connection, columns: list, keys: Sequence[tuple]) -> Sequence[sa.Row]:
-        """`columns` of the stored rows whose (token, *key) is one of `keys`, in the caller's write transaction.
+    def _select_keyed(self, conn: sa.Connection, columns: list, keys: Sequence[tuple] | None) -> Sequence[sa.Row]:
+        """`columns` of the stored rows whose (token, *key) is one of `keys`, in the caller's write transaction
+        (None: the keys of this connection's previous call, still in its temporary table).
 
         The keys go into a temporary table of this connection with one bound executemany and the rows come from a
         join with it: one statement whatever the number of keys, compiled once (an IN list of 5,000 row values
         cost SQLAlchemy 40 ms of compiling per statement, 20 times the query itself).
         """
+        if keys is not None:
+            self._load_keys(conn, keys)
+        keyed = self._keys_table
+        joined = self.table.join(keyed, sa.and_(*(stored == wanted for stored, wanted
+                                                  in zip(self.key_columns, keyed.columns))))
+        return conn.execute(sa.select(*columns).select_from(joined)).all()
+
+    def _load_keys(self, conn: sa.Connection, keys: Sequence[tuple]) -> None:
         sqlite = conn.dialect.name == "sqlite"
         keyed = self._keys_table
         names = ", ".join(quote(c.name) for c in keyed.columns)
@@ -236,9 +245,6 @@ class PhysicalTable:
             keys = [tuple(bindable(v, SQLITE_NAN) for v in key) for key in keys]
         placeholders = ", ".join(["?" if sqlite else "%s"] * len(keyed.columns))
         conn.exec_driver_sql(f"INSERT INTO {quote(keyed.name)} ({names}) VALUES ({placeholders})", list(keys))
-        joined = self.table.join(keyed, sa.and_(*(stored == wanted for stored, wanted
-                                                  in zip(self.key_columns, keyed.columns))))
-        return conn.execute(sa.select(*columns).select_from(joined)).all()
 
     def keys_of(self, mutations: pa.Table) -> list[tuple]:
         """The distinct (token, *key) tuples of a conformed mutation-layout table, in first-seen order."""
@@ -246,9 +252,9 @@ class PhysicalTable:
         rows = zip(*(mutations.column(name).to_pylist() for name in names))
         return list({self._state_lookup(row): row for row in rows}.values())
 
-    def fetch_states(self, conn: sa.Connection, keys: Sequence[tuple]) -> dict[tuple, tuple]:
+    def fetch_states(self, conn: sa.Connection, keys: Sequence[tuple] | None) -> dict[tuple, tuple]:
         """The stored state (`storage.arrow_layouts.state_schema` order) of each of the (token, *key) rows that exists,
-        by lookup key."""
+        by lookup key (keys None: those of this connection's previous fetch, in the same transaction)."""
         key_end = len(self.key_columns)
         columns = list(self.table.columns)[:-2]  # up to view_ts: write_ts and tombstone follow from the rest
         rows = self._select_keyed(conn, columns, keys)

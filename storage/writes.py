@@ -88,7 +88,7 @@ class StoreWrites(StoreSchema, StoreOutbox):
             changed = self._run_statements(conn, statements)
             if not changed:
                 return ApplyResult(0, ())
-            old, new = _changed_states(before, physical.fetch_states(conn, keys))
+            old, new = _changed_states(before, physical.fetch_states(conn, None))  # the same keys
             outbox_rows = [{"target": t, "payload": bytes(p)}
                            for t, p in derive(state_table(physical.spec, old), state_table(physical.spec, new))]
             return ApplyResult(changed, self._insert_outbox(conn, outbox_rows))

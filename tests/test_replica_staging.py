@@ -41,7 +41,7 @@ def group0_registry(schema):
         def register(entry: StagedTablet) -> None:
             outcome = schema.state.apply(RegisterStagedRows(
                 cmd_id=uuid.uuid4().hex, base_id=entry.table_id, node=node_id, shard=entry.shard,
-                tablet_id=entry.tablet_id, tablet_count=entry.tablet_count, through=entry.through))
+                tablet_id=entry.tablet_id, tablet_count=entry.tablet_count, through=entry.through, rows=entry.rows))
             if not outcome.ok:
                 raise outcome.error
         return register
@@ -120,7 +120,7 @@ def test_staged_rows_stay_invisible_until_processed_with_one_task_per_registrati
     staged.nodes["n1"].writer.write_columns(schema.table, columns_of(schema, base_rows(schema, 40)), TS, staged=True)
     assert stored_count(staged, schema.table_id) == 0 and stored_count(staged, schema.view_id) == 0
     tasks = staging_tasks(schema.state, schema.table_id)
-    assert tasks and all(t.view_id is None for t in tasks)
+    assert tasks and all(t.view_id is None for t in tasks) and sum(t.staged_rows for t in tasks) == 80
     assert {(t.replica.node, t.tablet_id) for t in tasks} == {
         (r.node, tablet) for tablet, replicas in enumerate(schema.state.tablets[schema.table_id].replicas)
         for r in replicas}

@@ -129,6 +129,7 @@ def test_a_load_that_does_not_wait_shows_its_staged_rows_which_survive_a_kill_an
         assert cli.main(["load", "--addr", cluster.addresses()[0], "ks.t", str(good), "--quiet", "--no-wait"]) == 0
         staged = client.status(cluster.addresses(), views_only=True)["staging"]
         assert [t["table"] for t in staged] == ["ks.t"] and staged[0]["tasks"] >= 2
+        assert staged[0]["rows"] == RF * 5_000  # every replica's copy
         assert cluster.query("SELECT COUNT(*) FROM ks.t") == [{"count": 0}]  # invisible until processed
         cluster.stop_node("n1", kill=True)  # its staged rows and their tasks outlive it
         cluster.start_node("n1")

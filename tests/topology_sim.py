@@ -359,7 +359,8 @@ class Simulation:
         entry = StagedEntry(node.staged_seq, *tablet_range(tablet, count), batch.rows)
         node.staged.append(entry)
         error = self.append(RegisterStagedRows(base_id=BASE, node=node.id, shard=batch.shard, tablet_id=tablet,
-                                               tablet_count=count, through=entry.seq, cmd_id=self.new_id()))
+                                               tablet_count=count, through=entry.seq, rows=len(entry.rows),
+                                               cmd_id=self.new_id()))
         if error is not None:
             node.staged.remove(entry)
             self.stats["staged registrations refused"] += 1

@@ -493,7 +493,8 @@ def status_to_dict(response: pb.StatusResponse) -> dict:
         "nodes": [node_status_to_dict(node) for node in response.nodes],
         "views": [view_status_to_dict(view) for view in response.views],
         "migrations": [migration_to_dict(m) for m in response.migrations],
-        "staging": [{"table": t.table, "tasks": t.tasks, "replicas": list(t.replicas)} for t in response.staging],
+        "staging": [{"table": t.table, "tasks": t.tasks, "replicas": list(t.replicas), "rows": t.rows}
+                    for t in response.staging],
     }
 
 

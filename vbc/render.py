@@ -227,8 +227,9 @@ def render_status(document: dict) -> Group:
 
 def staging_lines(staging) -> list[Text]:
     """One line per table whose bulk-loaded rows are not visible yet (they wait in its replicas' staging areas)."""
-    return [Text(f"{table['table']}: bulk-loaded rows being processed, {table['tasks']} process_staging task(s) "
-                 f"left on {', '.join(table['replicas'])}", style="cyan") for table in staging]
+    return [Text(f"{table['table']}: {table.get('rows', 0):,} bulk-loaded rows (all replicas) being processed, "
+                 f"{table['tasks']} process_staging task(s) left on {', '.join(table['replicas'])}", style="cyan")
+            for table in staging]
 
 
 def status_migrations_table(migrations: list[dict]) -> Table:

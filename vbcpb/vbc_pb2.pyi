@@ -427,14 +427,16 @@ class StatusResponse(_message.Message):
     def __init__(self, leader: _Optional[str] = ..., term: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., views: _Optional[_Iterable[_Union[ViewStatus, _Mapping]]] = ..., answered_by: _Optional[str] = ..., schema_version: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[MigrationInfo, _Mapping]]] = ..., staging: _Optional[_Iterable[_Union[StagedTable, _Mapping]]] = ...) -> None: ...
 
 class StagedTable(_message.Message):
-    __slots__ = ("table", "tasks", "replicas")
+    __slots__ = ("table", "tasks", "replicas", "rows")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     table: str
     tasks: int
     replicas: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, table: _Optional[str] = ..., tasks: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
+    rows: int
+    def __init__(self, table: _Optional[str] = ..., tasks: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class TabletsRequest(_message.Message):
     __slots__ = ("table",)

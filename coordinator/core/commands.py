@@ -369,7 +369,8 @@ class ReleaseViewRows(Command):
 @dataclass(frozen=True, kw_only=True)
 class RegisterStagedRows(Command):
     """Replica (`node`, `shard`) of tablet `tablet_id` (of `tablet_count`) of base table `base_id` holds staged rows
-    numbered up to `through` for the tablet: a `process_staging` task must move them into the base."""
+    numbered up to `through` for the tablet (the entry numbered `through` has `rows` rows): a `process_staging` task
+    must move them into the base."""
 
     op: ClassVar[str] = "register_staged_rows"
     base_id: str
@@ -378,6 +379,7 @@ class RegisterStagedRows(Command):
     tablet_id: int
     tablet_count: int
     through: int
+    rows: int = 0  # the rows of the staged entry numbered `through` (for the status)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -131,6 +131,7 @@ class Task:
     aborted: bool = False
     repair: bool = False
     staged_through: int = 0  # process_staging: the highest staging number of the replica's tablet it covers
+    staged_rows: int = 0  # process_staging: the rows of the registration that made it (for the status)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def register_staged_rows(state: Group0State, cmd: RegisterStagedRows) -> str:
                                  " write them through the write path")
     task_id = derived_id(cmd.cmd_id, cmd.base_id, cmd.tablet_id, cmd.node, cmd.shard, cmd.through)
     state.tasks[task_id] = Task(task_id, TASK_PROCESS_STAGING, cmd.base_id, None, replica, cmd.tablet_id,
-                                staged_through=cmd.through)
+                                staged_through=cmd.through, staged_rows=cmd.rows)
     return task_id
 
 

@@ -123,8 +123,18 @@ def cmd_load(args: argparse.Namespace) -> int:
             rate = done / max(time.monotonic() - sending_since[0], 1e-9)
             bar.update(task, completed=done, rate=f"{rate:,.0f}")
 
+        staging: dict = {}
+
         def waiting(staged: dict) -> None:
-            bar.update(task, description=f"processing staged rows ({staged['tasks']} task(s) left)")
+            """Staged rows left (every replica's copy): a bar of its own, with their rate and ETA."""
+            if not staging:
+                staging.update(since=time.monotonic(), total=max(staged["rows"], 1))
+                staging["task"] = bar.add_task("processing staged rows", total=staging["total"], rate="-")
+                bar.update(task, visible=False)
+            done = max(staging["total"] - staged["rows"], 0)
+            rate = done / max(time.monotonic() - staging["since"], 1e-9)
+            bar.update(staging["task"], completed=done, rate=f"{rate:,.0f}",
+                       description=f"processing staged rows ({staged['tasks']} task(s) left)")
 
         try:
             committed, seconds = load.load(target_addresses(args), args.table, args.file, args.batch_rows,
