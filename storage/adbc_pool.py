@@ -7,9 +7,10 @@ connection deletes the WAL under the store's open sqlite3 connections (seen here
 processes the two copies lock each other like any two processes. So every ADBC use of the node's SQLite files
 runs in a child process of this pool, never in the node's process.
 
-A child imports the served module (`served_module`, e.g. `storage.bulk`), runs its `CHILD_WARM_UP` function if it
-has one, and answers calls by name from its `CHILD_FUNCTIONS` dict; requests and answers are length-prefixed pickles on the child's pipes. Plain
-subprocesses rather than multiprocessing: spawn would re-run the parent's __main__ script.
+A child imports the served module (`served_module`, e.g. `storage.adbc_child`), runs its `CHILD_WARM_UP` function
+if it has one, and answers calls by name from its `CHILD_FUNCTIONS` dict; requests and answers are length-prefixed
+pickles on the child's pipes. Plain subprocesses rather than multiprocessing: spawn would re-run the parent's
+__main__ script.
 """
 from __future__ import annotations
 

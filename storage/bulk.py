@@ -49,29 +49,40 @@ inserted with a plain `INSERT`, which stores exactly what the merge would; other
 chunk) the merge runs. A stream syncs only its last window's commit (`durable`), which syncs the WAL with the
 earlier ones. `prepare_stored_window` does the part that needs no lock, so a stream runs it on its reading thread.
 
-Processes. On SQLite the ADBC work runs in child processes (`storage.adbc_pool`, serving `CHILD_FUNCTIONS`):
-ADBC's SQLite driver carries its own copy of the SQLite library, and two copies in one process corrupt each
-other's WAL locking. A child keeps its last SQLite connections open between calls (`KEPT_SQLITE_CONNECTIONS`);
-merges have a child of their own, whose connection keeps its page cache from one merge to the next.
+Processes. On SQLite the ADBC work runs in child processes (`storage.adbc_pool`): ADBC's SQLite driver carries its
+own copy of the SQLite library, and two copies in one process corrupt each other's WAL locking. A child serves
+`storage.adbc_child` (the reads, staging and merges themselves), which imports neither SQLAlchemy nor the store, so
+a child starts quickly. A child keeps its last SQLite connections open between calls
+(`adbc_child.KEPT_SQLITE_CONNECTIONS`); merges have a child of their own, whose connection keeps its page cache
+from one merge to the next.
 PostgreSQL is reached over the network and runs in the calling thread.
 """
 from __future__ import annotations
 
 import atexit
-import math
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import adbc_driver_postgresql.dbapi
-import adbc_driver_sqlite.dbapi
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import sqlalchemy as sa
 
+from . import adbc_child
+from .adbc_child import (
+    NAN_FLAG,
+    Backend,
+    WindowStatements,
+    as_storage_schema,
+    connect,
+    execute,
+    from_ipc,
+    read_snapshot,
+    scalar,
+    stage_snapshot,
+    to_ipc,
+    transaction,
+)
 from .adbc_pool import ChildPool
 from .arrow_layouts import (
     TS,
@@ -83,23 +94,16 @@ from .arrow_layouts import (
     view_rows_schema,
 )
 from .cells import TableSpec
-from .engine import PG_WRITER_LOCK_ID, SQLITE_CHECKPOINT_PAGES
+from .engine import PG_WRITER_LOCK_ID
 from .store import NodeStore
 from .upsert import last_write_wins_sql, physical_table_name, quote
 
 DEFAULT_BATCH_ROWS = 65_536
 DEFAULT_CHUNK_ROWS = 100_000
-# Row groups of a staged range: Spark splits a file only between row groups, so a 125,000-row range in two runs as
-# two tasks, on both cores when the other shard leaves one idle (view job on 125,000 rows: 0.24-0.28 s against
-# 0.25-0.35 s in one row group).
-STAGED_ROW_GROUP_ROWS = 65_536
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-SQLITE_MERGE_CACHE_KIB = 65_536
 SQLITE_IDLE_CHILDREN = 2  # idle child processes kept for the ADBC SQLite work (see storage.adbc_pool)
 
 _STORED_KIND = {"int": "int", "bigint": "int", "timestamp": "int", "double": "double", "text": "text",
                 "boolean": "boolean"}
-_NAN_FLAG = "{}__is_nan"  # SQLite reads: a double column's NaN flag (SQLite stores NaN as the text 'NaN')
 _SQLITE_WITNESS = {"int": "0", "double": "0.0", "text": "''", "boolean": "0"}
 
 
@@ -113,141 +117,33 @@ def _stored_columns(spec: TableSpec) -> list[tuple[str, str]]:
 # --- connections -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Backend:
-    """Which database engine the store uses and where ADBC finds it (a SQLite file path or a libpq URI)."""
-
-    sqlite: bool
-    target: str
-
-    def param(self, position: int) -> str:
-        """The placeholder of the bound column at `position` (0-based), reusable in one statement."""
-        return f"?{position + 1}" if self.sqlite else f"${position + 1}"
-
-
-def _backend(store: NodeStore) -> _Backend:
+def _backend(store: NodeStore) -> Backend:
     url = store.url
     name = url.get_backend_name()
     if name == "sqlite":
         if not url.database or url.database == ":memory:":
             raise ValueError("storage.bulk needs a file-backed SQLite store (ADBC opens its own connection)")
-        return _Backend(True, url.database)
+        return Backend(True, url.database)
     if name == "postgresql":
-        return _Backend(False, url.set(drivername="postgresql").render_as_string(hide_password=False))
+        return Backend(False, url.set(drivername="postgresql").render_as_string(hide_password=False))
     raise ValueError(f"storage.bulk supports SQLite and PostgreSQL stores, not {name!r}")
 
 
-@contextmanager
-def _connect(backend: _Backend) -> Iterator:
-    """An ADBC connection in autocommit mode (transactions are explicit: BEGIN/COMMIT statements)."""
-    if backend.sqlite:
-        conn = adbc_driver_sqlite.dbapi.connect(backend.target, autocommit=True)
-    else:
-        conn = adbc_driver_postgresql.dbapi.connect(backend.target, autocommit=True)
-    try:
-        if backend.sqlite:
-            _execute(conn.cursor(), f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        yield conn
-    finally:
-        conn.close()
-
-
-# A child process keeps its last SQLite connections open between calls: a new connection per window cost a
-# stream's merge 28 ms and its first statement 13 ms (1M rows: ~0.6 of 1.9 s, measured beside a node holding the
-# database open). A kept connection is used only while the file at its path is still the one it opened.
-KEPT_SQLITE_CONNECTIONS = 4
-_KEPT: dict[str, tuple[tuple[int, int], object]] = {}
-
-
-def _file_identity(path: str) -> tuple[int, int] | None:
-    try:
-        status = os.stat(path)
-    except OSError:
-        return None
-    return (status.st_dev, status.st_ino)
-
-
-def _take_kept(path: str):
-    """The kept connection to `path` (removed from the keep), if it still opens the file at that path."""
-    identity, conn = _KEPT.pop(path, (None, None))
-    if conn is not None and identity != _file_identity(path):
-        conn.close()
-        return None
-    return conn
-
-
-def _keep(path: str, conn) -> None:
-    identity = _file_identity(path)
-    if identity is None:
-        conn.close()
-        return
-    _KEPT[path] = (identity, conn)
-    while len(_KEPT) > KEPT_SQLITE_CONNECTIONS:  # the least recently used first (a taken one is put back last)
-        _KEPT.pop(next(iter(_KEPT)))[1].close()
-
-
-@contextmanager
-def _kept_sqlite_connection(backend: _Backend) -> Iterator:
-    """(In a child process) an ADBC SQLite connection, kept open for the next call to the same file; closed
-    instead when the call fails."""
-    conn = _take_kept(backend.target)
-    if conn is None:
-        conn = adbc_driver_sqlite.dbapi.connect(backend.target, autocommit=True)
-        _execute(conn.cursor(), f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-    try:
-        yield conn
-    except BaseException:
-        conn.close()
-        raise
-    _keep(backend.target, conn)
-
-
-def _execute(cursor, sql: str, params: tuple = ()) -> None:
-    cursor.execute(sql, params) if params else cursor.execute(sql)
-
-
-def _scalar(cursor, sql: str, params: tuple = ()) -> object:
-    _execute(cursor, sql, params)
-    return cursor.fetchone()[0]
-
-
-@contextmanager
-def _transaction(cursor, begin: str) -> Iterator[None]:
-    _execute(cursor, begin)
-    try:
-        yield
-    except BaseException:
-        _execute(cursor, "ROLLBACK")
-        raise
-    _execute(cursor, "COMMIT")
-
-
-_SQLITE_CHILDREN = ChildPool(SQLITE_IDLE_CHILDREN, __name__)  # reads and staging
+_SQLITE_CHILDREN = ChildPool(SQLITE_IDLE_CHILDREN, adbc_child.__name__)  # reads and staging
 # Merges go to children of their own: a store takes one merge at a time, so one child keeps serving them, and its
 # kept connection keeps its page cache (SQLite drops a connection's cache when another connection committed since).
-_SQLITE_WRITERS = ChildPool(1, __name__)
+_SQLITE_WRITERS = ChildPool(1, adbc_child.__name__)
 atexit.register(_SQLITE_CHILDREN.shutdown)
 atexit.register(_SQLITE_WRITERS.shutdown)
 
 
 def prestart_children(store: NodeStore, count: int) -> None:
     """Start `count` idle child processes for a SQLite store's data plane now (PostgreSQL's work runs in the
-    calling thread: nothing to start; each child warms up as it starts, `_child_warm_up`); a node calls it at
+    calling thread: nothing to start; each child warms up as it starts, `storage.adbc_child`); a node calls it at
     start with the number of batches it runs at once."""
     if store.url.get_backend_name() == "sqlite":
         _SQLITE_CHILDREN.prestart(count)
         _SQLITE_WRITERS.prestart(1)
-
-
-def _child_warm_up() -> int:
-    """(In a child process) load the ADBC driver and the Parquet writer on an in-memory database (never the
-    node's files): a child's first range read and staging took 0.2 s against 0.11 s for the next ones."""
-    with _connect(_Backend(True, ":memory:")) as conn:
-        cursor = conn.cursor()
-        cursor.execute("SELECT 1 AS one")
-        rows = cursor.fetch_arrow_table()
-    pq.write_table(rows, pa.BufferOutputStream(), compression="none", use_dictionary=False, write_statistics=False)
-    return rows.num_rows
 
 
 def shutdown() -> None:
@@ -256,22 +152,10 @@ def shutdown() -> None:
     _SQLITE_WRITERS.shutdown()
 
 
-def _to_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
-    """Arrow IPC stream bytes: only the rows of a slice travel (pickling a slice copies its whole buffers)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as writer:
-        writer.write(data)
-    return sink.getvalue().to_pybytes()
-
-
-def _from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(data).read_all()
-
-
 # --- reading ---------------------------------------------------------------------------------------------
 
 
-def _range_filter(backend: _Backend, include_tombstones: bool) -> str:
+def _range_filter(backend: Backend, include_tombstones: bool) -> str:
     condition = f"token >= {backend.param(0)} AND token <= {backend.param(1)}"
     if not include_tombstones:
         condition += " AND tombstone = 0" if backend.sqlite else " AND NOT tombstone"
@@ -306,7 +190,7 @@ def _sqlite_read_sql(spec: TableSpec, include_tombstones: bool, limit: int | Non
     for name, kind in _stored_columns(spec):
         quoted = quote(name)
         if kind == "double":
-            flag = quote(_NAN_FLAG.format(name))
+            flag = quote(NAN_FLAG.format(name))
             projection += [f"CASE WHEN typeof({quoted}) = 'text' THEN NULL ELSE {quoted} END AS {quoted}",
                            f"typeof({quoted}) = 'text' AS {flag}"]
             witness += [f"0.0 AS {quoted}", f"0 AS {flag}"]
@@ -316,60 +200,15 @@ def _sqlite_read_sql(spec: TableSpec, include_tombstones: bool, limit: int | Non
     table = quote(physical_table_name(spec.table_id))
     order = ", ".join(f"{table}.{quote(name)}" for name in key_column_names(spec))  # the stored values, not the aliases
     return (f"SELECT {', '.join(witness)} UNION ALL SELECT * FROM (SELECT {', '.join(projection)} FROM {table} "
-            f"WHERE {_range_filter(_Backend(True, ''), include_tombstones)} ORDER BY {order}{_limit_clause(limit)})")
+            f"WHERE {_range_filter(Backend(True, ''), include_tombstones)} ORDER BY {order}{_limit_clause(limit)})")
 
 
 def _postgres_read_sql(spec: TableSpec, include_tombstones: bool, limit: int | None = None) -> str:
     columns = ", ".join(quote(name) for name, _ in _stored_columns(spec))
     table = quote(physical_table_name(spec.table_id))
     order = ", ".join(quote(name) for name in key_column_names(spec))
-    return (f"SELECT {columns} FROM {table} WHERE {_range_filter(_Backend(False, ''), include_tombstones)} "
+    return (f"SELECT {columns} FROM {table} WHERE {_range_filter(Backend(False, ''), include_tombstones)} "
             f"ORDER BY {order}{_limit_clause(limit)}")
-
-
-def _batch_option(backend: _Backend, batch_rows: int) -> dict[str, str]:
-    if backend.sqlite:
-        return {"adbc.sqlite.query.batch_rows": str(batch_rows)}
-    return {"adbc.postgresql.batch_size_hint_bytes": str(max(1, batch_rows) * 256)}
-
-
-def _read_snapshot(backend: _Backend, sql: str, params: tuple, batch_rows: int) -> pa.Table:
-    """Run the range query in one read transaction (REPEATABLE READ on PostgreSQL); the raw ADBC result."""
-    begin = "BEGIN" if backend.sqlite else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-    with (_kept_sqlite_connection if backend.sqlite else _connect)(backend) as conn, conn.cursor() as cursor:
-        cursor.adbc_statement.set_options(**_batch_option(backend, batch_rows))
-        with _transaction(cursor, begin):
-            cursor.execute(sql, params)
-            table = cursor.fetch_arrow_table()
-    if not backend.sqlite:
-        return table
-    if table.num_rows == 0 or table.column("write_ts")[0].is_valid:
-        raise RuntimeError("SQLite did not return the type witness row first; cannot fix the column types")
-    return table.slice(1)
-
-
-def _as_storage_schema(raw: pa.Table, schema: pa.Schema) -> pa.Table:
-    """The raw ADBC result with the spec's types: NaN flags applied, 0/1 integers as booleans."""
-    arrays = []
-    for field in schema:
-        column = raw.column(field.name)
-        flag = _NAN_FLAG.format(field.name)
-        if flag in raw.column_names:
-            column = pc.if_else(pc.not_equal(raw.column(flag), 0), math.nan, column.cast(pa.float64()))
-        elif pa.types.is_boolean(field.type) and not pa.types.is_boolean(column.type):
-            column = pc.not_equal(column, 0)
-        arrays.append(column.cast(field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _stage_snapshot(backend: _Backend, sql: str, params: tuple, batch_rows: int, schema: pa.Schema,
-                    path: str) -> int:
-    """Read the range (`_read_snapshot`) and write it to `path` as an uncompressed Parquet file in the storage
-    layout; the number of rows written."""
-    rows = _as_storage_schema(_read_snapshot(backend, sql, params, batch_rows), schema)
-    pq.write_table(rows, path, compression="none", use_dictionary=False, write_statistics=False,
-                   row_group_size=STAGED_ROW_GROUP_ROWS)
-    return rows.num_rows
 
 
 def _any_row(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, include_tombstones: bool) -> bool:
@@ -397,10 +236,10 @@ def read_token_range(store: NodeStore, spec: TableSpec, first_token: int, last_t
     params = (first_token, last_token)
     if backend.sqlite:
         sql = _sqlite_read_sql(spec, include_tombstones, limit)
-        raw = _from_ipc(_SQLITE_CHILDREN.run("read", backend, sql, params, batch_rows))
+        raw = from_ipc(_SQLITE_CHILDREN.run("read", backend, sql, params, batch_rows))
     else:
-        raw = _read_snapshot(backend, _postgres_read_sql(spec, include_tombstones, limit), params, batch_rows)
-    return _as_storage_schema(raw, schema)
+        raw = read_snapshot(backend, _postgres_read_sql(spec, include_tombstones, limit), params, batch_rows)
+    return as_storage_schema(raw, schema)
 
 
 def chunk_end(store: NodeStore, spec: TableSpec, first_token: int, last_token: int, max_rows: int) -> int:
@@ -457,7 +296,7 @@ def stage_token_range(store: NodeStore, spec: TableSpec, first_token: int, last_
         sql = _sqlite_read_sql(spec, include_tombstones)
         return _SQLITE_CHILDREN.run("stage", backend, sql, params, batch_rows, schema, str(path))
     sql = _postgres_read_sql(spec, include_tombstones)
-    return _stage_snapshot(backend, sql, params, batch_rows, schema, str(path))
+    return stage_snapshot(backend, sql, params, batch_rows, schema, str(path))
 
 
 # --- merging ---------------------------------------------------------------------------------------------
@@ -546,23 +385,6 @@ def _sqlite_bind_table(chunk: pa.RecordBatch, bound: list[_Bound]) -> pa.RecordB
     return pa.RecordBatch.from_arrays(arrays, names=[f"p{i}" for i in range(len(arrays))])
 
 
-def _merge_settings(cursor, durable: bool) -> None:
-    """A merge connection's settings: its commits synced (or not), a big page cache, the store writer's checkpoint."""
-    _execute(cursor, f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-    _execute(cursor, f"PRAGMA cache_size=-{SQLITE_MERGE_CACHE_KIB}")
-    _execute(cursor, f"PRAGMA wal_autocheckpoint={SQLITE_CHECKPOINT_PAGES}")
-
-
-def _merge_sqlite(backend: _Backend, sql: str, params: pa.Table) -> int:
-    """(In a child process) one chunk in one BEGIN IMMEDIATE transaction, synchronous commit; rows changed."""
-    with _kept_sqlite_connection(backend) as conn, conn.cursor() as cursor:
-        _merge_settings(cursor, durable=True)
-        with _transaction(cursor, "BEGIN IMMEDIATE"):
-            before = _scalar(cursor, "SELECT total_changes()")
-            cursor.executemany(sql, params)
-            return int(_scalar(cursor, "SELECT total_changes()")) - int(before)
-
-
 # PostgreSQL: a bound statement per row costs a round trip (100k rows: 10.8 s measured), so the chunk is
 # copied into a temporary table (ADBC ingest = COPY) and merged with INSERT ... SELECT. One statement may not
 # touch a row twice, so rows repeating a key go in later rounds (round = occurrence of the key in the chunk).
@@ -602,32 +424,32 @@ def key_occurrences(chunk: pa.RecordBatch, spec: TableSpec) -> pa.Array | None:
     return pc.subtract(index, pc.cumulative_max(pc.if_else(starts, index, 0)))
 
 
-def _merge_postgres(backend: _Backend, spec: TableSpec, chunk: pa.RecordBatch,
+def _merge_postgres(backend: Backend, spec: TableSpec, chunk: pa.RecordBatch,
                     merge_sql: Callable[[TableSpec, int | None], str] = postgres_merge_sql) -> int:
     """One chunk in one transaction under the store's advisory lock, synchronous commit; rows changed."""
     occurrences = key_occurrences(chunk, spec)
     stage = chunk if occurrences is None else chunk.append_column(_ROUND, occurrences)
     rounds = 1 if occurrences is None else pc.max(occurrences).as_py() + 1
     changed = 0
-    with _connect(backend) as conn:
+    with connect(backend) as conn:
         cursor = conn.cursor()
-        with _transaction(cursor, "BEGIN"):
-            _scalar(cursor, f"SELECT 1 FROM (SELECT pg_advisory_xact_lock({PG_WRITER_LOCK_ID})) AS locked")
-            _execute(cursor, "SET LOCAL synchronous_commit = on")
+        with transaction(cursor, "BEGIN"):
+            scalar(cursor, f"SELECT 1 FROM (SELECT pg_advisory_xact_lock({PG_WRITER_LOCK_ID})) AS locked")
+            execute(cursor, "SET LOCAL synchronous_commit = on")
             cursor.adbc_ingest(_STAGE, stage, mode="create", temporary=True)
             for number in range(rounds):
-                _execute(cursor, merge_sql(spec, None if occurrences is None else number))
+                execute(cursor, merge_sql(spec, None if occurrences is None else number))
                 changed += max(cursor.rowcount, 0)  # a statement with bound parameters would report -1
-            _execute(cursor, f"DROP TABLE {_STAGE}")
+            execute(cursor, f"DROP TABLE {_STAGE}")
     return changed
 
 
-def _chunk_merger(spec: TableSpec, backend: _Backend):
+def _chunk_merger(spec: TableSpec, backend: Backend):
     """(prepare, merge): prepare(chunk) runs before the writer lock is taken, merge(prepared) under it."""
     if not backend.sqlite:
         return (lambda chunk: chunk), (lambda chunk: _merge_postgres(backend, spec, chunk))
     sql, bound = sqlite_upsert_sql(spec), _sqlite_parameters(spec)
-    return ((lambda chunk: _to_ipc(_sqlite_bind_table(chunk, bound))),
+    return ((lambda chunk: to_ipc(_sqlite_bind_table(chunk, bound))),
             (lambda params: _SQLITE_WRITERS.run("merge", backend, sql, params)))
 
 
@@ -728,13 +550,13 @@ def postgres_stored_merge_sql(spec: TableSpec, merge_round: int | None = None) -
     return last_write_wins_sql(spec, False, f"SELECT {values} FROM {_STAGE}{where}", full_rows=False)
 
 
-def _stored_chunk_merger(spec: TableSpec, backend: _Backend):
+def _stored_chunk_merger(spec: TableSpec, backend: Backend):
     """(prepare, merge) of stored-row chunks, as `_chunk_merger` is for view rows."""
     if not backend.sqlite:
         return ((lambda chunk: chunk),
                 (lambda chunk: _merge_postgres(backend, spec, chunk, postgres_stored_merge_sql)))
     sql, bound = sqlite_stored_upsert_sql(spec), _sqlite_stored_parameters(spec)
-    return ((lambda chunk: _to_ipc(_sqlite_bind_table(chunk, bound))),
+    return ((lambda chunk: to_ipc(_sqlite_bind_table(chunk, bound))),
             (lambda params: _SQLITE_WRITERS.run("merge", backend, sql, params)))
 
 
@@ -762,47 +584,9 @@ def merge_stored_rows(store: NodeStore, spec: TableSpec, rows: pa.Table, *,
 # sends the window down the merge path and keeps whatever is newer.
 
 
-@dataclass(frozen=True)
-class _WindowStatements:
-    """The SQLite statements of a window's merge: the range probe, the plain INSERT and the last-write-wins upsert."""
-
-    probe: str
-    insert: str
-    upsert: str
-
-
-def _window_statements(spec: TableSpec) -> _WindowStatements:
-    return _WindowStatements(sqlite_range_probe_sql(spec), sqlite_stored_insert_sql(spec),
+def _window_statements(spec: TableSpec) -> WindowStatements:
+    return WindowStatements(sqlite_range_probe_sql(spec), sqlite_stored_insert_sql(spec),
                              sqlite_stored_upsert_sql(spec))
-
-
-def _changes(cursor, sql: str, params: pa.Table) -> int:
-    """Run the bound statement for every row; the rows it changed."""
-    before = _scalar(cursor, "SELECT total_changes()")
-    cursor.executemany(sql, params)
-    return int(_scalar(cursor, "SELECT total_changes()")) - int(before)
-
-
-def _insert_or_merge(cursor, statements: _WindowStatements, tokens: tuple[int, int], params: pa.Table) -> int:
-    """(In a transaction holding the writer lock) the plain INSERT when the token range holds no row, else the merge."""
-    if _scalar(cursor, statements.probe, tokens):
-        return _changes(cursor, statements.upsert, params)
-    return _changes(cursor, statements.insert, params)
-
-
-def _merge_sqlite_window(backend: _Backend, statements: _WindowStatements, tokens: tuple[int, int],
-                         params: pa.Table, durable: bool) -> int:
-    """(In a child process) one chunk of a window in one BEGIN IMMEDIATE transaction, its commit synced when
-    `durable`; rows changed. A key repeated in the chunk makes the plain INSERT fail: the chunk is then merged
-    instead."""
-    with _kept_sqlite_connection(backend) as conn, conn.cursor() as cursor:
-        _merge_settings(cursor, durable)
-        try:
-            with _transaction(cursor, "BEGIN IMMEDIATE"):
-                return _insert_or_merge(cursor, statements, tokens, params)
-        except adbc_driver_sqlite.dbapi.IntegrityError:
-            with _transaction(cursor, "BEGIN IMMEDIATE"):
-                return _changes(cursor, statements.upsert, params)
 
 
 def _token_span(chunk: pa.RecordBatch) -> tuple[int, int]:
@@ -812,7 +596,7 @@ def _token_span(chunk: pa.RecordBatch) -> tuple[int, int]:
 
 def _window_chunk_payload(chunk: pa.RecordBatch, bound: list[_Bound]) -> tuple[tuple[int, int], bytes]:
     """A window's chunk as the merge child takes it: its token span and its bound rows as Arrow IPC."""
-    return (_token_span(chunk), _to_ipc(_sqlite_bind_table(chunk, bound)))
+    return (_token_span(chunk), to_ipc(_sqlite_bind_table(chunk, bound)))
 
 
 @dataclass(frozen=True)
@@ -870,19 +654,3 @@ def merge_stored_window(store: NodeStore, spec: TableSpec, rows: pa.Table, *, du
     return merge_prepared_window(store, spec, prepared, durable=durable)
 
 
-def _child_read(backend: _Backend, sql: str, params: tuple, batch_rows: int) -> bytes:
-    return _to_ipc(_read_snapshot(backend, sql, params, batch_rows))
-
-
-def _child_merge(backend: _Backend, sql: str, params: bytes) -> int:
-    return _merge_sqlite(backend, sql, _from_ipc(params))
-
-
-def _child_merge_window(backend: _Backend, statements: _WindowStatements, tokens: tuple[int, int],
-                        params: bytes, durable: bool) -> int:
-    return _merge_sqlite_window(backend, statements, tokens, _from_ipc(params), durable)
-
-
-CHILD_FUNCTIONS = {"read": _child_read, "stage": _stage_snapshot, "merge": _child_merge,
-                   "merge_window": _child_merge_window}
-CHILD_WARM_UP = _child_warm_up  # what a child process answers (storage.adbc_pool)

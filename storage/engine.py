@@ -9,13 +9,11 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from .sqlite_settings import SQLITE_CHECKPOINT_PAGES
 from .store_types import Checkpoint, StoreClosed
 
 SQLITE_PAGE_BYTES = 16_384  # a bulk load of random keys runs ~10% faster than with 4 KiB pages (1M rows measured)
 SQLITE_WRITER_CACHE_KIB = 262_144  # the writer's page cache, grown as used: random-key inserts touch most pages
-# WAL pages before the writer checkpoints in its own commit: a big random-key batch dirties thousands at once. A
-# backstop: the node checkpoints in the background (NodeStore.checkpoint) long before a one-row write path gets there.
-SQLITE_CHECKPOINT_PAGES = 16_384
 PG_WRITER_LOCK_ID = 0x7662635F73746F72  # arbitrary constant naming the store's writer advisory lock
 _IMMEDIATE = "storage_begin_immediate"
 

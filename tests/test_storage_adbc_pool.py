@@ -1,4 +1,4 @@
-"""The child processes of storage.adbc_pool running storage.bulk's ADBC SQLite work: reuse, replacement, errors."""
+"""The child processes of storage.adbc_pool running storage.adbc_child's ADBC SQLite work: reuse, errors, imports."""
 from __future__ import annotations
 
 import fcntl
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from storage import bulk
+from storage import adbc_child, bulk
 from storage.adbc_pool import PIPE_BYTES, ChildPool
 from storage.cells import ColumnSpec, Row, TableSpec
 from storage.store import NodeStore
@@ -89,19 +89,29 @@ def test_an_error_in_a_child_process_reaches_the_caller_and_the_child_stays_usab
 
 
 def test_a_pool_answers_only_the_calls_its_served_module_names():
-    pool = ChildPool(1, "storage.bulk")
+    pool = ChildPool(1, "storage.adbc_child")
     try:
         with pytest.raises(KeyError, match="no_such_call"):
             pool.run("no_such_call")
-        assert sorted(bulk.CHILD_FUNCTIONS) == ["merge", "merge_window", "read", "stage"]
+        assert sorted(adbc_child.CHILD_FUNCTIONS) == ["merge", "merge_window", "modules", "read", "stage"]
     finally:
         pool.shutdown()
+
+
+def test_a_data_plane_child_imports_neither_sqlalchemy_nor_the_store(tmp_path):
+    """A child loads only ADBC, pyarrow and light project modules: SQLAlchemy was ~40% of its start."""
+    with prestarted_store(tmp_path, 1) as (store, spec):
+        assert bulk.read_token_range(store, spec, MIN_TOKEN, MAX_TOKEN).num_rows == 1
+        for pool in (bulk._SQLITE_CHILDREN, bulk._SQLITE_WRITERS):
+            modules = set(pool.run("modules"))
+            assert "adbc_driver_sqlite" in modules and "storage.adbc_child" in modules
+            assert not {"sqlalchemy", "storage.bulk", "storage.store", "storage.engine"} & modules
 
 
 @pytest.mark.skipif(int(Path("/proc/sys/fs/pipe-max-size").read_text()) < PIPE_BYTES,
                     reason="this system caps pipes below PIPE_BYTES")
 def test_a_child_pipes_hold_a_window_of_rows_in_few_hand_overs():
-    pool = ChildPool(1, "storage.bulk")
+    pool = ChildPool(1, "storage.adbc_child")
     pool.prestart(1)
     try:
         [child] = pool._idle
