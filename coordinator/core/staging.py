@@ -87,12 +87,3 @@ def forget_node_staging(state: Group0State, node_id: str) -> None:
     """A node declared dead takes its staged rows with it: its staging tasks go (other replicas hold copies)."""
     for task in [t for t in state.tasks.values() if t.type == TASK_PROCESS_STAGING and t.replica.node == node_id]:
         del state.tasks[task.id]
-
-
-def staged_tables(state: Group0State) -> dict[str, int]:
-    """The number of `process_staging` tasks per base table that has any."""
-    counts: dict[str, int] = {}
-    for task in state.tasks.values():
-        if task.type == TASK_PROCESS_STAGING:
-            counts[task.base_id] = counts.get(task.base_id, 0) + 1
-    return counts
