@@ -58,6 +58,56 @@ def test_a_merge_keeps_the_tasks_by_position_when_the_odd_half_holds_the_same_re
     assert not state.view_is_built(view_id)
 
 
+def build_all(state: Group0State) -> None:
+    while state.tasks:
+        finish(state, list(state.tasks.values()))
+
+
+def test_a_merge_that_gives_the_odd_half_other_feeders_repairs_every_built_view_there():
+    """A write applied on one replica of the odd half only (refused, retried later) leaves its base replicas
+    different: a view replica fed by the other one from now on would keep what its old feeder wrote."""
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=2, tablets=2)
+    view_id = make_view(state)
+    build_all(state)
+    assert request_merge(state, table_id).ok
+    co_locate(state, table_id)
+    even, odd = state.tablets[table_id].replicas
+    assert set(even) == set(odd) and even != odd
+    assert state.view_is_built(view_id)
+    assert merge(state, table_id).ok
+    repairs = sorted((t.tablet_id, t.replica) for t in state.tasks.values() if t.repair and t.view_id == view_id)
+    assert repairs == sorted((0, even[p]) for p in resize.reordered_positions(even, odd))
+    assert not state.view_is_built(view_id)
+
+
+def test_a_merge_that_keeps_every_position_repairs_nothing():
+    state = cluster(nodes=2, shards=1)
+    table_id = make_table(state, rf=2, tablets=2)
+    view_id = make_view(state)
+    build_all(state)
+    assert request_merge(state, table_id).ok
+    assert resize.pairs_keep_positions(state, table_id)
+    assert merge(state, table_id).ok
+    assert not state.tasks and state.view_is_built(view_id)
+
+
+def test_a_view_whose_merge_gives_a_position_another_node_is_repaired_at_that_position():
+    state = cluster(nodes=3, shards=1)
+    table_id = make_table(state, rf=2, tablets=2)
+    view_id = make_view(state)
+    build_all(state)
+    assert request_merge(state, view_id).ok
+    co_locate(state, view_id)
+    even, odd = state.tablets[view_id].replicas
+    positions = resize.reordered_positions(even, odd)
+    assert positions
+    assert merge(state, view_id).ok
+    feeders = sorted((b, base[p]) for b, base in enumerate(state.tablets[table_id].replicas) for p in positions)
+    assert sorted((t.tablet_id, t.replica) for t in state.tasks.values() if t.repair) == feeders
+    assert not state.view_is_built(view_id)
+
+
 def test_a_base_replica_added_before_the_view_grows_waits_for_its_view_replica():
     state = cluster(nodes=3, shards=1)
     table_id = make_table(state, rf=2, tablets=1)

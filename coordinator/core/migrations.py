@@ -382,7 +382,7 @@ def _end(state: Group0State, transition: TabletTransition) -> None:
         view_building.build_on_added_replica(state, transition.table_id, transition.tablet_id, transition.pending,
                                              seed=seed)
         if _copied_view_may_be_stale(state, transition):
-            _repair_view_position(state, state.tables[transition.table_id], len(old), derived_id(seed, "copied"))
+            repair_view_position(state, state.tables[transition.table_id], len(old), derived_id(seed, "copied"))
     _finish(state, transition, MigrationResult(DONE))
 
 
@@ -414,10 +414,10 @@ def _rebuild_lost_position(state: Group0State, transition: TabletTransition, pos
         for replica in state.tablets[table.id].replicas[transition.tablet_id]:
             view_building.rebuild_replica(state, table.id, transition.tablet_id, replica, seed)
     else:
-        _repair_view_position(state, table, position, seed)
+        repair_view_position(state, table, position, seed)
 
 
-def _repair_view_position(state: Group0State, view: Table, position: int, seed: str) -> None:
+def repair_view_position(state: Group0State, view: Table, position: int, seed: str) -> None:
     """Every base tablet's replica feeding view position `position` gets a repair task of the view."""
     base_map = state.tablets[view.view.base_id]
     for tablet, replicas in enumerate(base_map.replicas):

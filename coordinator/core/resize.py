@@ -6,6 +6,11 @@ A split keeps every replica (the halves inherit the tablet's replica list, so th
 needs both halves on the same replicas: a merge request waits while the leader's driver moves replicas of *2n+1*
 onto those of *2n* (ordinary migrations), then MergeTablets gives *n* the replica list of *2n*. Views keep their own
 tablet maps: splitting a base table leaves its views' maps as they are, and a view can be split on its own.
+
+Base replica *i* feeds view replica *i*. When *2n+1* held the replicas of *2n* in another order, its range gets new
+feeders at the positions whose node changed: a write applied on some replicas only (refused, retried later) left the
+base replicas different there, and the view replicas fed by the old position's history would keep rows the new one
+never deletes. Those positions get repair tasks (`view_building.ensure_repair_task`), as after a lost feeder.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from typing import TYPE_CHECKING
 from . import migrations, staging, view_building
 from .commands import MergeTablets, RequestTabletMerge, SplitTablets
 from .errors import FailedPrecondition, InvalidArgument, NotFound
-from .ids import check_id
+from .ids import check_id, derived_id
 from .schema import NODE_NORMAL, Replica, Table, TabletMap
 from .tablets import MAX_TABLETS
 
@@ -68,8 +73,25 @@ def merge_tablets(state: Group0State, cmd: MergeTablets) -> int:
     state.merge_requests.discard(table.id)
     state.tablets[table.id] = TabletMap(table.id, tablet_map.replicas[::2])
     view_building.merge_tasks(state, table.id, cmd.id_seed, tablet_map.replicas)
+    _repair_new_feeders(state, table, tablet_map.replicas, derived_id(cmd.id_seed, "reordered"))
     state.schema_version += 1
     return tablet_map.tablet_count // 2
+
+
+def _repair_new_feeders(state: Group0State, table: Table, halves: tuple[tuple[Replica, ...], ...], seed: str) -> None:
+    """Repair tasks where the merged tablet feeds a view position from another node than *2n+1* did: on that base
+    replica for every view of a base table; for every feeder of that position of a view."""
+    for even in range(0, len(halves) - 1, 2):
+        for position in reordered_positions(halves[even], halves[even + 1]):
+            if table.view is None:
+                view_building.rebuild_replica(state, table.id, even // 2, halves[even][position], seed)
+            else:
+                migrations.repair_view_position(state, table, position, seed)
+
+
+def reordered_positions(wanted: tuple[Replica, ...], held: tuple[Replica, ...]) -> list[int]:
+    """The positions at which `held` has another node than `wanted`."""
+    return [position for position, (w, h) in enumerate(zip(wanted, held, strict=True)) if w.node != h.node]
 
 
 def merge_moves(state: Group0State, table_id: str) -> list[Move]:
