@@ -131,11 +131,13 @@ class LocalData:
             return list(batch.rows)
         return rows_of_mutations(storage_spec(table), batch.columns)
 
-    def _queue_view_updates(self, context: WriteContext, queued: list[tuple[str, RowBatch]]):
+    def _queue_view_updates(self, context: WriteContext, queued: list[tuple[str, RowBatch]], filled: bool = False):
         """The store's `derive`: one outbox entry per (view replica, view, shard) holding every view row the
-        batch's changes produce there, in order (also kept in `queued`, in the same order)."""
+        batch's changes produce there, in order (also kept in `queued`, in the same order). `filled`: made by a pending
+        replica that holds its stream source's rows (`view_updates`)."""
         def derive(changes: list[tuple[Row | None, Row]]) -> list[tuple[str, bytes]]:
-            updates = [update for old, new in changes for update in view_updates(context, self.node_id, old, new)]
+            updates = [update for old, new in changes
+                       for update in view_updates(context, self.node_id, old, new, filled)]
             groups = grouped_updates(updates)
             queued.extend(groups)
             return [(target, encode_payload(update)) for target, update in groups]
@@ -151,6 +153,25 @@ class LocalData:
             return [(target, encode_payload(update)) for target, update in groups]
 
         return derive
+
+    def feeds_views(self, table_id: str) -> bool:
+        """Whether writes to the table make view updates (it is a base table with views)."""
+        return self._schema.read(lambda s: any(True for _ in s.views_of(table_id)))
+
+    def feed_streamed(self, table_id: str, streamed: dict[tuple[int, tuple], Row | None]) -> int:
+        """The view updates a tablet stream's source never made: for the rows this pending replica held before the
+        stream (its double writes), from the source's row to the merged one where they differ (a write the source
+        missed: refused there, applied here); queued and delivered as a write's. The number of rows that made some."""
+        context = self._schema.read(lambda s: write_context(s, table_id))
+        if context is None or not context.views:
+            return 0
+        queued: list[tuple[str, RowBatch]] = []
+        result = self.tables.store.feed_streamed(table_id, streamed,
+                                                 self._queue_view_updates(context, queued, filled=True))
+        if result.outbox_ids:
+            self.outbox.deliver([QueuedViewUpdate(id, target, update)
+                                 for id, (target, update) in zip(result.outbox_ids, queued, strict=True)])
+        return result.changed
 
     # ------------------------------------------------------------ view updates
 
@@ -282,7 +303,7 @@ class LocalData:
     def tablet_streams(self) -> TabletStreams:
         return TabletStreams(self.tables.store, lambda table_id: self._schema.read(lambda s: s.tables.get(table_id)),
                              self.tables.ensure, self._schema.catch_up, self._transport, self._injections,
-                             self._metrics, self.node_id)
+                             self._metrics, self.node_id, feed=self)
 
     def stream_tablet(self, request: TabletStream, current_term: int) -> StreamResult:
         """Pull a token range's rows from the source replica and merge them here (TabletStreams.stream)."""

@@ -10,6 +10,13 @@ memory, the last token merged: a retried stream of the same migration resumes af
 the range's first token. `cleanup` deletes this node's rows of a range (the leaving replica after a migration,
 the pending one after a rollback).
 
+View updates: a pending replica being filled makes none for its double writes (its rows are incomplete; the source
+makes them). A write refused by the source and applied here (the source was down: the client retries later, maybe
+once the tablet has left the source) would then have none at all. So for a base table with views, the rows this node
+held before the stream are read first, and once the window holding their tokens is merged, each one whose state is
+not the source's makes the view updates from the source's row to the merged one (`StreamFeed.feed_streamed`,
+`storage.cells.fed_after_stream`).
+
 Fencing: a call carries the Raft term of the leader that sent it; a term older than the newest this node has
 seen (its own Raft term, or a newer call's) is refused with `StaleTerm`, and a running stream stops at its next
 window once a newer term was admitted (a new leader's cleanup then finds no stream still writing). Streams and
@@ -27,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from common.injection import Injections
 from common.metrics import NodeMetrics
@@ -34,7 +42,7 @@ from coordinator.core.errors import CoreError, InvalidArgument, NotFound, StaleT
 from coordinator.core.schema import Table
 from storage import bulk
 from storage.arrow_layouts import storage_schema
-from storage.cells import TableSpec
+from storage.cells import Row, TableSpec
 from storage.store import NodeStore
 
 from replica.rows import storage_spec
@@ -107,14 +115,25 @@ class TabletSource(Protocol):
         """Start reading `node`'s stored rows of the range (only tokens above `after_token` when given)."""
 
 
+class StreamFeed(Protocol):
+    """What makes the view updates of the writes a stream's source missed (`replica.local.LocalData`)."""
+
+    def feeds_views(self, table_id: str) -> bool: ...
+
+    def feed_streamed(self, table_id: str, streamed: dict[tuple[int, tuple], Row | None]) -> int: ...
+
+
 @dataclass
 class _Resume:
-    """How far a migration's stream got: the last token merged (None: nothing yet), rows and seconds so far."""
+    """How far a migration's stream got: the last token merged (None: nothing yet), rows and seconds so far, and the
+    rows this node held before it whose view updates are still to be made (None: not read yet), by (token, key), each
+    with the row the source sent for it once merged."""
 
     tablet_range: tuple[str, int, int]
     after_token: int | None = None
     rows: int = 0
     seconds: float = 0.0
+    held: dict[tuple[int, tuple], Row | None] | None = None
 
     def finished(self) -> bool:
         return self.after_token is not None and self.after_token >= self.tablet_range[2]
@@ -159,8 +178,8 @@ class TabletStreams:
     """This node's tablet streams and cleanups (see the module docstring)."""
 
     def __init__(self, store: NodeStore, find_table: Callable[[str], Table | None],
-                 ensure_table: Callable[[Table], None], catch_up: Callable[[int], None], source: TabletSource, injections: Injections, metrics: NodeMetrics,
-                 node_id: str):
+                 ensure_table: Callable[[Table], None], catch_up: Callable[[int], None], source: TabletSource,
+                 injections: Injections, metrics: NodeMetrics, node_id: str, feed: StreamFeed | None = None):
         self._store = store
         self._find_table = find_table
         self._ensure_table = ensure_table
@@ -169,6 +188,7 @@ class TabletStreams:
         self._injections = injections
         self._metrics = metrics
         self._node_id = node_id
+        self._feed = feed
         self._lock = threading.Lock()
         self._newest_term = 0
         self._resumes: dict[str, _Resume] = {}
@@ -236,18 +256,52 @@ class TabletStreams:
             resume.seconds += time.monotonic() - running.started
 
     def _merge_windows(self, request: TabletStream, spec: TableSpec, resume: _Resume) -> None:
+        if resume.held is None:
+            resume.held = self._held_here(request, spec, resume) if self._feeds(request.table_id) else {}
         rows = self._source.read_tablet_rows(request.source_node, request.table_id, request.schema_version,
                                              request.first_token, request.last_token, resume.after_token, WINDOW_ROWS)
-        prepared = (bulk.prepare_stored_window(self._store, spec, pa.Table.from_batches([window]))
-                    for window in rows if window.num_rows)  # on the reading thread, beside the merge
-        for window, last in with_last(prefetched(prepared, PREFETCH_WINDOWS, rows.cancel)):
+        prepared = ((self._sent_for_held(request.table_id, table, resume.held),
+                     bulk.prepare_stored_window(self._store, spec, table))
+                    for table in (pa.Table.from_batches([window]) for window in rows if window.num_rows))
+        for (sent, window), last in with_last(prefetched(prepared, PREFETCH_WINDOWS, rows.cancel)):
             self._injections.hit("stream_tablet_fail")
             self._check_current(request.term)
             bulk.merge_prepared_window(self._store, spec, window, durable=last)  # the last one syncs them all
+            self._feed_held(request.table_id, resume.held, window.last_token, sent)
             resume.after_token = window.last_token
             resume.rows += window.rows
             self._metrics.tablet_rows_streamed.inc(window.rows)
+        self._feed_held(request.table_id, resume.held, request.last_token, {})  # rows the source never had
         resume.after_token = request.last_token  # the source said every row was sent
+
+    def _feeds(self, table_id: str) -> bool:
+        return self._feed is not None and self._feed.feeds_views(table_id)
+
+    def _held_here(self, request: TabletStream, spec: TableSpec, resume: _Resume) -> dict[tuple[int, tuple], None]:
+        """The rows of the range still to stream that this node holds already (tombstones too), by (token, key)."""
+        low = request.first_token if resume.after_token is None else resume.after_token + 1
+        if low > request.last_token:
+            return {}
+        stored = bulk.read_token_range(self._store, spec, low, request.last_token, include_tombstones=True)
+        return dict.fromkeys((row.token, row.key) for row in self._store.stored_rows(request.table_id, stored))
+
+    def _sent_for_held(self, table_id: str, window: pa.Table, held: dict) -> dict[tuple[int, tuple], Row]:
+        """The rows of a window the source sent for rows held here, by (token, key)."""
+        if not held:
+            return {}
+        tokens = pa.array(sorted({token for token, _ in held}), pa.int64())
+        mine = window.filter(pc.is_in(window.column("token"), value_set=tokens))
+        return {(row.token, row.key): row for row in self._store.stored_rows(table_id, mine)
+                if (row.token, row.key) in held}
+
+    def _feed_held(self, table_id: str, held: dict, through_token: int, sent: dict) -> None:
+        """Make the view updates of the held rows up to `through_token` (merged by now), then forget them."""
+        due = {name: sent.get(name) for name in held if name[0] <= through_token}
+        if not due:
+            return
+        self._feed.feed_streamed(table_id, due)
+        for name in due:
+            del held[name]
 
     def _failure(self, request: TabletStream, resume: _Resume, reason: str) -> str:
         where = "nothing merged yet" if resume.after_token is None else f"merged up to token {resume.after_token}"

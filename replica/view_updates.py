@@ -64,14 +64,16 @@ def pair_index(context: WriteContext, node_id: str, token: int) -> int:
                       f"{context.table.qualified_name}; the writer's tablet map is stale, retry")
 
 
-def view_updates(context: WriteContext, node_id: str, old: Row | None, new: Row) -> list[tuple[str, RowBatch]]:
+def view_updates(context: WriteContext, node_id: str, old: Row | None, new: Row,
+                 filled: bool = False) -> list[tuple[str, RowBatch]]:
     """(target node, one-row batch) for every view row that changes when base row `old` becomes `new`.
 
-    The view rows are written at `new.view_ts`, the replica-local version of this change of the base row.
+    The view rows are written at `new.view_ts`, the replica-local version of this change of the base row. A pending
+    replica still being filled makes none, unless `filled` (a stream gave it the row's state at its source).
     """
     pair = pair_index(context, node_id, new.token)
     tablet = tablet_of(new.token, len(context.base_replicas))
-    if feeds_no_view(context.base_moves.get(tablet), node_id):
+    if feeds_no_view(context.base_moves.get(tablet), node_id, filled):
         return []  # a filling replica's leaving one makes them; a removed replica's view position is fed by position 0
     base_count = feeding_count(context.base_replicas[tablet], context.base_moves.get(tablet))
     old_values, new_values = visible_row(context.table, old), visible_row(context.table, new)

@@ -265,6 +265,20 @@ def next_view_ts(old: Row | None, mutation: Row) -> int:
     return max(write_ts(mutation), old.view_ts + 1)
 
 
+def fed_after_stream(streamed: Row | None, stored: Row) -> Row | None:
+    """A pending replica's row once a tablet stream merged its source's (`streamed`, None: the source had none) into
+    it: with its view_ts raised above the source's, when its state is not the source's (it holds a write the source
+    missed, whose view updates the source never made); None when both hold the same state. The raised view_ts orders
+    the view updates it makes now after every one the source made for the row."""
+    if streamed is not None and state_equal(streamed, stored):
+        return None
+    own = stored.view_ts if stored.view_ts is not None else write_ts(stored)
+    if streamed is None:
+        return with_view_ts(stored, own)
+    theirs = streamed.view_ts if streamed.view_ts is not None else write_ts(streamed)
+    return with_view_ts(stored, max(own, theirs + 1))
+
+
 def _state_key(row: Row) -> tuple:
     cells = tuple((name, _cell_order_key(cell)) for name, cell in sorted(row.cells.items()))
     return (row.token, row.marker_ts, row.tomb_ts, cells)

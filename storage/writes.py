@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 import sqlalchemy as sa
 
-from .arrow_layouts import conformed, state_table
-from .cells import Row, changes_state, is_empty, merge, next_view_ts, with_view_ts
+from .arrow_layouts import conformed, state_table, storage_column_names
+from .cells import Row, changes_state, fed_after_stream, is_empty, merge, next_view_ts, with_view_ts
 from .outbox import StoreOutbox
 from .physical import PhysicalTable
 from .schema import StoreSchema
@@ -92,6 +92,34 @@ class StoreWrites(StoreSchema, StoreOutbox):
             outbox_rows = [{"target": t, "payload": bytes(p)}
                            for t, p in derive(state_table(physical.spec, old), state_table(physical.spec, new))]
             return ApplyResult(changed, self._insert_outbox(conn, outbox_rows))
+
+    def feed_streamed(self, table_id: str, streamed: Mapping[tuple[int, tuple], Row | None],
+                      derive: Derive) -> ApplyResult:
+        """After a tablet stream merged its source's rows: for each (token, key) this replica held before, and the
+        row the source sent for it (None: none), the stored row takes a view_ts above the source's where their states
+        differ (`cells.fed_after_stream`), and `derive(changes)` gets the (source row, stored row) of those, in one
+        write transaction with the outbox entries it returns."""
+        physical = self._physical(table_id)
+        named = {lookup_key(token, physical.full_key(key)): (token, key) for token, key in streamed}
+        if not named:
+            return ApplyResult(0, ())
+        with self._write_transaction() as conn:
+            stored = physical.fetch(conn, [(token, physical.full_key(key)) for token, key in named.values()])
+            changes = []
+            for lookup, row in stored.items():
+                fed = fed_after_stream(streamed[named[lookup]], row)
+                if fed is not None:
+                    changes.append((streamed[named[lookup]], fed))
+            raised = [new for _, new in changes if new.view_ts != stored[lookup_key(new.token, new.key)].view_ts]
+            physical.write(conn, raised, not self._is_postgres)
+            outbox_rows = [{"target": t, "payload": bytes(p)} for t, p in derive(changes)] if changes else []
+            return ApplyResult(len(changes), self._insert_outbox(conn, outbox_rows))
+
+    def stored_rows(self, table_id: str, rows: pa.Table) -> list[Row]:
+        """Rows of the table in the storage layout (a range read, a stream's window) as `Row`s."""
+        physical = self._physical(table_id)
+        columns = [rows.column(name).to_pylist() for name in storage_column_names(physical.spec)]
+        return [physical.from_sql(values) for values in zip(*columns)]
 
     def raise_view_ts(self, table_id: str, floors: Mapping[tuple[int, tuple], int]) -> dict[tuple[int, tuple], int]:
         """Raise the view_ts of the stored rows named by (token, key) (tombstones too) to at least their floor, in one

@@ -97,7 +97,7 @@ from replica.rows import upsert_row, visible_row
 from replica.view_updates import pair_index, view_updates, write_context
 from replica.write_path import route
 from storage.arrow_layouts import value_column_name
-from storage.cells import Cell, Row, is_live, with_view_ts, write_ts
+from storage.cells import Cell, Row, fed_after_stream, is_live, with_view_ts, write_ts
 from storage.store import NodeStore
 from worker.build_job import (
     Repair,
@@ -186,11 +186,13 @@ class Batch:
 class Simulation:
     """One seeded schedule."""
 
-    def __init__(self, seed: int, stats: Counter, faults: bool = True, staging: bool = True):
+    def __init__(self, seed: int, stats: Counter, faults: bool = True, staging: bool = True, restarts: bool = True):
         self.rng = random.Random(seed)
         self.stats = stats
         self.faults = faults
         self.staging = staging
+        self.restarts = restarts
+        self.restarting: set[str] = set()  # nodes down for a restart: back later with what they stored
         self.log: list[Command] = []
         self.truth = Group0State()
         self.model: dict[tuple, Row] = {}  # the client's base rows: every write it made, merged
@@ -513,9 +515,9 @@ class Simulation:
                                             plan.view_moves.get(view.id, {}), plan.base_count).items():
             target = self.nodes[replica.node]
             rows = [view_rows[i] for i in part.column("i").to_pylist()]
-            if not target.up:
-                continue
-            if self.faults and target is not node and self.rng.random() < 0.1:
+            if not target.up and target.id not in self.restarting:
+                continue  # a dead node's view replicas are rebuilt elsewhere
+            if not target.up or (self.faults and target is not node and self.rng.random() < 0.1):
                 node.outbox.append((target.id, RowBatch(view.id, replica.shard, tuple(rows), plan.schema_version,
                                                         view_rows=True)))
                 kept.add(target.id)
@@ -634,13 +636,32 @@ class Simulation:
             return StepFailed(step, StreamFailure("injected" if source.up else f"{source.id} is down"))
         self.catch_up(pending)
         stored = pending.table_rows(step.table_id)
-        for row in list(source.table_rows(step.table_id).values()):
-            if step.first_token <= row.token <= step.last_token:
-                new = merged_row(stored.get(row.key), row)
-                if new is not None:
-                    stored[row.key] = new
+        streamed = {key: row for key, row in source.table_rows(step.table_id).items()
+                    if step.first_token <= row.token <= step.last_token}
+        written_here = {key: row for key, row in stored.items() if step.first_token <= row.token <= step.last_token}
+        for row in streamed.values():
+            new = merged_row(stored.get(row.key), row)
+            if new is not None:
+                stored[row.key] = new
+        self.feed_writes_the_source_missed(pending, step.table_id, streamed, written_here)
         self.stats["streams"] += 1
         return StepDone(step)
+
+    def feed_writes_the_source_missed(self, pending: SimNode, table_id: str, streamed: dict, written_here: dict):
+        """`LocalData.feed_streamed` (`NodeStore.feed_streamed`): for the rows the pending replica held before the
+        stream (its double writes), the view updates from the source's row to the merged one where they differ (a
+        write the source missed made none), at a view_ts above the source's."""
+        context = write_context(pending.state, table_id)
+        if context is None or not context.views:
+            return
+        stored = pending.table_rows(table_id)
+        for key in written_here:
+            fed = fed_after_stream(streamed.get(key), stored[key])
+            if fed is not None:
+                stored[key] = fed
+                updates = view_updates(context, pending.id, streamed.get(key), fed, filled=True)
+                pending.outbox.extend(updates)
+                self.stats["view updates of writes a stream's source missed"] += len(updates)
 
     def cleanup(self, step: RunCleanup):
         node = self.nodes[step.node]
@@ -797,6 +818,24 @@ class Simulation:
 
     # ------------------------------------------------------------- the schedule
 
+    def restart(self) -> None:
+        """A node restarts: down for a while (a write to it fails and is retried later, half applied meanwhile; what
+        others queue for it waits), then back with what it stored, its outbox and staged entries included."""
+        if self.restarting:
+            node = self.nodes[self.restarting.pop()]
+            node.up = True
+            return
+        candidates = [n.id for n in self.up_nodes() if self.truth.nodes.get(n.id) is not None
+                      and self.truth.nodes[n.id].state == "normal"]
+        if len(candidates) < 2:
+            return
+        victim = self.rng.choice(candidates)
+        if victim == self.leader:
+            self.change_leader(avoid=victim)  # the leader's restart: another node leads the next term
+        self.nodes[victim].up = False
+        self.restarting.add(victim)
+        self.stats["node restarts"] += 1
+
     def step(self) -> None:
         rng = self.rng
         roll = rng.random()
@@ -826,6 +865,8 @@ class Simulation:
             self.change_leader()
         elif roll < 0.86 and self.retries:
             self.retry()
+        elif roll < 0.87 and self.faults and self.restarts:
+            self.restart()
         elif roll < 0.89:
             self.start_read()
         elif self.reads and rng.random() < 0.5:  # a read spans many steps: migrations overtake it
@@ -842,6 +883,8 @@ class Simulation:
     def settle(self, rounds: int = 400) -> None:
         """No more faults: every write, view update, read, migration and build runs to its end."""
         self.faults = False
+        while self.restarting:
+            self.restart()
         for _ in range(rounds):
             if self.quiet():
                 return
@@ -903,9 +946,10 @@ class Simulation:
     def check_built_views(self) -> None:
         """At a barrier every write and view update so far has been delivered: each replica a read of a BUILT view
         may use holds exactly its view rows, but for keys a failed write left half applied (retried later) or a load
-        left staged. Once a node died, a view stays stale where its lost updates went until the repairs end: not
+        left staged. Once a node died, a view stays stale where its lost updates went until the repairs end, and while a
+        node restarts, where its own and the updates queued for it go: not
         checked here."""
-        if self.deaths:
+        if self.deaths or self.restarting:
             return
         dirty = {row.key for row in self.retries} | self.staged_keys()  # staged rows: not visible until processed
         live = {key: self.visible(self.table, row) for key, row in self.model.items()

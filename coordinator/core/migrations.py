@@ -224,10 +224,11 @@ def makes_view_updates(state: Group0State, table_id: str, tablet_id: int, node_i
     return not feeds_no_view(transition_of(state, table_id, tablet_id), node_id)
 
 
-def feeds_no_view(transition: TabletTransition | None, node_id: str) -> bool:
-    """Whether a base replica's writes make no view updates: it is filling (`is_filling`) or being removed."""
+def feeds_no_view(transition: TabletTransition | None, node_id: str, filled: bool = False) -> bool:
+    """Whether a base replica's writes make no view updates: it is filling (`is_filling`; not once `filled`, when it
+    holds its source's rows) or being removed."""
     removed = transition is not None and transition.kind == REMOVE and transition.leaving.node == node_id
-    return removed or is_filling(transition, node_id)
+    return removed or (not filled and is_filling(transition, node_id))
 
 
 def is_filling(transition: TabletTransition | None, node_id: str) -> bool:
