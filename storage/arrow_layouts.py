@@ -19,6 +19,7 @@ Columns are named as in the store's SQL table: `c_<name>` for a value, `ts_<name
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .cells import Cell, Row, TableSpec
 
@@ -107,6 +108,30 @@ def state_table(spec: TableSpec, rows: list[tuple]) -> pa.Table:
     columns = list(zip(*rows)) if rows else [()] * len(schema)
     return pa.Table.from_arrays([pa.array(values, field.type) for values, field in zip(columns, schema)],
                                 schema=schema)
+
+
+def missing_states(spec: TableSpec, count: int) -> pa.Table:
+    """The states of `count` rows that do not exist: every value NULL."""
+    schema = state_schema(spec)
+    return pa.Table.from_arrays([pa.nulls(count, field.type) for field in schema], schema=schema)
+
+
+def inserted_states(spec: TableSpec, mutations: pa.Table, zero_negative: bool) -> pa.Table:
+    """The states conformed `mutations` of distinct rows that did not exist leave (what an upsert stores): the
+    mutations themselves, each with view_ts its write_ts (`storage.cells.next_view_ts` of a new row), and with
+    `zero_negative` (SQLite keeps -0.0 as 0.0) each double -0.0 as 0.0."""
+    schema = state_schema(spec)
+    stamps = [mutations.column(name) for name in MUTATION_STATE_COLUMNS]
+    stamps += [mutations.column(ts_column_name(column.name)) for column in spec.regular]
+    view_ts = pc.max_element_wise(*stamps, skip_nulls=True)
+    doubles = {value_column_name(c.name) for c in spec.key_columns + spec.regular if c.type == "double"}
+    columns = [_positive_zero(mutations.column(name)) if zero_negative and name in doubles else mutations.column(name)
+               for name in schema.names[:-1]]
+    return pa.Table.from_arrays(columns + [view_ts], schema=schema)
+
+
+def _positive_zero(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.if_else(pc.equal(values, 0.0), pa.scalar(0.0, values.type), values)
 
 
 def rows_of_mutations(spec: TableSpec, mutations: pa.Table) -> list[Row]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 import sqlalchemy as sa
 
-from .arrow_layouts import conformed, state_table, storage_column_names
+from .arrow_layouts import conformed, inserted_states, missing_states, state_table, storage_column_names
 from .cells import Row, changes_state, fed_after_stream, is_empty, merge, next_view_ts, with_view_ts
 from .outbox import StoreOutbox
 from .physical import PhysicalTable
@@ -88,9 +88,12 @@ class StoreWrites(StoreSchema, StoreOutbox):
             changed = self._run_statements(conn, statements)
             if not changed:
                 return ApplyResult(0, ())
-            old, new = _changed_states(before, physical.fetch_states(conn, None))  # the same keys
-            outbox_rows = [{"target": t, "payload": bytes(p)}
-                           for t, p in derive(state_table(physical.spec, old), state_table(physical.spec, new))]
+            if not before and changed == len(keys) == mutations.num_rows:  # new rows, stored as given
+                old, new = missing_states(physical.spec, changed), inserted_states(physical.spec, mutations, sqlite)
+            else:
+                old_rows, new_rows = _changed_states(before, physical.fetch_states(conn, None))  # the same keys
+                old, new = state_table(physical.spec, old_rows), state_table(physical.spec, new_rows)
+            outbox_rows = [{"target": t, "payload": bytes(p)} for t, p in derive(old, new)]
             return ApplyResult(changed, self._insert_outbox(conn, outbox_rows))
 
     def feed_streamed(self, table_id: str, streamed: Mapping[tuple[int, tuple], Row | None],

@@ -175,15 +175,24 @@ def comparable_state(state: tuple) -> tuple:
     return tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in state)
 
 
+@pytest.mark.parametrize("doubles", [True, False])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=st.lists(mutations(), min_size=1, max_size=12), batch=st.integers(1, 6), nan_key=st.booleans())
-def test_the_columnar_derive_sees_each_changed_row_once_before_and_after(store, history, batch, nan_key):
+def test_the_columnar_derive_sees_each_changed_row_once_before_and_after(store, history, batch, nan_key, doubles):
     """`apply_columns(derive=...)` hands over, for every row the batch changed, its state before the batch and after
-    it (found by a join with the batch's keys, a double key holding NaN included); unchanged rows are left out."""
-    spec = TableSpec(uuid.uuid4().hex, (ColumnSpec("p", "text"),), (ColumnSpec("c", "double"),), REGULAR)
+    it (found by a join with the batch's keys, a double key holding NaN included; without a double column, rows new
+    to the store as the batch gave them); unchanged rows are left out."""
+    if doubles:
+        spec = TableSpec(uuid.uuid4().hex, (ColumnSpec("p", "text"),), (ColumnSpec("c", "double"),), REGULAR)
+        keys = {("a", 1): ("a", math.nan if nan_key else 1.0), ("a", 2): ("a", 2.0), ("b", 1): ("b", -0.0)}
+    else:
+        spec = TableSpec(uuid.uuid4().hex, (ColumnSpec("p", "text"),), (ColumnSpec("c", "int"),),
+                         tuple(c for c in REGULAR if c.type != "double"))
+        keys = {("a", 1): ("a", 1), ("a", 2): ("a", 2), ("b", 1): ("b", 0)}
     store.ensure_table(spec)
-    keys = {("a", 1): ("a", math.nan if nan_key else 1.0), ("a", 2): ("a", 2.0), ("b", 1): ("b", -0.0)}
-    history = [Row(m.token, keys[m.key], m.marker_ts, m.tomb_ts, m.cells) for m in history]
+    names = {c.name for c in spec.regular}
+    history = [Row(m.token, keys[m.key], m.marker_ts if m.marker_ts or m.tomb_ts or names & set(m.cells) else 1,
+                   m.tomb_ts, {c: cell for c, cell in m.cells.items() if c in names}) for m in history]
     seen = []
 
     def derive(before, after):
