@@ -27,7 +27,7 @@ test: lint check-proto
 # tests wait (Raft elections, child processes, gRPC deadlines) as much as they compute. Bytecode is cached even where
 # the environment says not to: each worker would otherwise compile every module it collects, on every run.
 test-fast: venv
-	PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration and not deep" -n 3
+	PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration and not deep" -n 4 --dist worksteal
 
 # The layer order (pyproject.toml [tool.importlinter]): a lower layer importing a higher one fails.
 lint: venv

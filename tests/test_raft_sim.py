@@ -1,7 +1,7 @@
 """Seeded schedules of group0's Raft members on a simulated network, clock and disk (`tests.raft_sim`): drops,
 reorders, partitions, crashes, power losses, all members killed at once, joins under a partition, compactions.
 
-`VBC_RAFT_SIM_SEEDS=N` runs N schedules (default 2,000, in eight parts that test workers share): of 100 steps each in
+`VBC_RAFT_SIM_SEEDS=N` runs N schedules (default 2,000, in eight parts that test workers share): of 75 steps each in
 `make test-fast`, and again at their full 300 steps in `make test` (marked `deep`)."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.long
 
 SEEDS = int(os.environ.get("VBC_RAFT_SIM_SEEDS", "2000"))
 PARTS = 8
-STEPS = 100  # the inner loop's schedules
+STEPS = 75  # the inner loop's schedules
 DEEP_STEPS = 300  # the same schedules at full length (`make test`)
 EXERCISED = ("acknowledged", "partitions", "crashes", "power losses", "all members killed", "restarts", "joins")
 

@@ -176,7 +176,7 @@ def comparable_state(state: tuple) -> tuple:
 
 
 @pytest.mark.parametrize("doubles", [True, False])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=st.lists(mutations(), min_size=1, max_size=12), batch=st.integers(1, 6), nan_key=st.booleans())
 def test_the_columnar_derive_sees_each_changed_row_once_before_and_after(store, history, batch, nan_key, doubles):
     """`apply_columns(derive=...)` hands over, for every row the batch changed, its state before the batch and after

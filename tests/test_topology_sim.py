@@ -1,7 +1,7 @@
 """Seeded schedules of the data simulation (tests/topology_sim.py): exact through every topology change.
 
 2,000 schedules in `make test-fast`: the first 60 at full length (120 steps; the coverage test), the others at a
-third of it; `make test` runs those again at full length (marked `deep`)."""
+fifth of it; `make test` runs those again at full length (marked `deep`)."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,7 @@ CHUNKS = 20
 SEEDS = int(os.environ.get("VBC_TOPOLOGY_SIM_SEEDS", "2000"))  # more with VBC_TOPOLOGY_SIM_SEEDS=N
 COVERAGE_SEEDS = range(60)  # the first schedules, which the coverage test runs (the chunks share the others)
 RARE_FAULT_SEEDS = (167,)  # and one that fences a stale step (a step of the last leader's loop still in flight)
-STEPS = 40  # the inner loop's schedules (`make test-fast`)
+STEPS = 25  # the inner loop's schedules (`make test-fast`)
 DEEP_STEPS = 120  # the same schedules at full length (`make test`, marked `deep`)
 EXERCISED = ("writes", "late writes", "deletes", "writes retried", "views created", "batches finished",
              "batches failed", "reads checked", "read ranges re-planned", "splits", "merges requested",
