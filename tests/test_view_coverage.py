@@ -63,16 +63,24 @@ def build_all(state: Group0State) -> None:
         finish(state, list(state.tasks.values()))
 
 
-def test_a_merge_that_gives_the_odd_half_other_feeders_repairs_every_built_view_there():
-    """A write applied on one replica of the odd half only (refused, retried later) leaves its base replicas
-    different: a view replica fed by the other one from now on would keep what its old feeder wrote."""
+def built_and_co_located(merged: str):
+    """A base table and its view, built, on 3 nodes at RF 2, 2 tablets each; the `merged` one ("base" or "view") is
+    co-located for a merge. (state, base id, view id, that table's two replica lists)."""
     state = cluster(nodes=3, shards=1)
     table_id = make_table(state, rf=2, tablets=2)
     view_id = make_view(state)
     build_all(state)
-    assert request_merge(state, table_id).ok
-    co_locate(state, table_id)
-    even, odd = state.tablets[table_id].replicas
+    merging = table_id if merged == "base" else view_id
+    assert request_merge(state, merging).ok
+    co_locate(state, merging)
+    even, odd = state.tablets[merging].replicas
+    return state, table_id, view_id, even, odd
+
+
+def test_a_merge_that_gives_the_odd_half_other_feeders_repairs_every_built_view_there():
+    """A write applied on one replica of the odd half only (refused, retried later) leaves its base replicas
+    different: a view replica fed by the other one from now on would keep what its old feeder wrote."""
+    state, table_id, view_id, even, odd = built_and_co_located("base")
     assert set(even) == set(odd) and even != odd
     assert state.view_is_built(view_id)
     assert merge(state, table_id).ok
@@ -93,13 +101,7 @@ def test_a_merge_that_keeps_every_position_repairs_nothing():
 
 
 def test_a_view_whose_merge_gives_a_position_another_node_is_repaired_at_that_position():
-    state = cluster(nodes=3, shards=1)
-    table_id = make_table(state, rf=2, tablets=2)
-    view_id = make_view(state)
-    build_all(state)
-    assert request_merge(state, view_id).ok
-    co_locate(state, view_id)
-    even, odd = state.tablets[view_id].replicas
+    state, table_id, view_id, even, odd = built_and_co_located("view")
     positions = resize.reordered_positions(even, odd)
     assert positions
     assert merge(state, view_id).ok
