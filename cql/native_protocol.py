@@ -31,8 +31,8 @@ _VALUES, _SKIP_METADATA, _PAGE_SIZE, _PAGING_STATE = 0x01, 0x02, 0x04, 0x08
 _SERIAL_CONSISTENCY, _DEFAULT_TIMESTAMP, _NAMES = 0x10, 0x20, 0x40
 
 # result kinds and rows flags
-_VOID, _ROWS, _SET_KEYSPACE = 0x0001, 0x0002, 0x0003
-_GLOBAL_TABLES_SPEC, _HAS_MORE_PAGES = 0x0001, 0x0002
+_VOID, _ROWS, _SET_KEYSPACE, _PREPARED, _SCHEMA_CHANGE = 0x0001, 0x0002, 0x0003, 0x0004, 0x0005
+_GLOBAL_TABLES_SPEC, _HAS_MORE_PAGES, _NO_METADATA = 0x0001, 0x0002, 0x0004
 
 UNSET = object()  # a bound value the client left unset (v4 [value] of length -2)
 
@@ -82,6 +82,24 @@ class Prepare:
 class Execute:
     statement_id: bytes
     parameters: QueryParameters
+
+
+@dataclass(frozen=True)
+class BatchStatement:
+    """One statement of a BATCH: its text, or the id of a prepared one, and its bound values."""
+
+    query: str | None
+    statement_id: bytes | None
+    values: tuple
+
+
+@dataclass(frozen=True)
+class Batch:
+    kind: int  # 0 logged, 1 unlogged, 2 counter
+    statements: tuple[BatchStatement, ...]
+    consistency: int
+    serial_consistency: int | None = None
+    timestamp: int | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +285,21 @@ def _query_parameters(reader: Reader) -> QueryParameters:
                            serial, timestamp)
 
 
+def _batch(reader: Reader) -> Batch:
+    kind, statements = reader.byte(), []
+    for _ in range(reader.short()):
+        prepared = reader.byte()
+        if prepared not in (0, 1):
+            raise ProtocolError(f"a batch statement's kind is 0 (text) or 1 (prepared), not {prepared}")
+        query = None if prepared else reader.long_string()
+        statement_id = reader.short_bytes() if prepared else None
+        statements.append(BatchStatement(query, statement_id, tuple(reader.value() for _ in range(reader.short()))))
+    consistency, flags = reader.short(), reader.byte()
+    serial = reader.short() if flags & _SERIAL_CONSISTENCY else None
+    timestamp = reader.long() if flags & _DEFAULT_TIMESTAMP else None
+    return Batch(kind, tuple(statements), consistency, serial, timestamp)
+
+
 _REQUESTS = {
     OPTIONS: lambda reader: Options(),
     STARTUP: lambda reader: Startup(reader.string_map()),
@@ -275,6 +308,7 @@ _REQUESTS = {
     PREPARE: lambda reader: Prepare(reader.long_string()),
     EXECUTE: lambda reader: Execute(reader.short_bytes(), _query_parameters(reader)),
     REGISTER: lambda reader: Register(reader.string_list()),
+    BATCH: _batch,
 }
 
 
@@ -311,23 +345,47 @@ def set_keyspace(stream: int, keyspace: str) -> bytes:
 
 def rows(stream: int, result: Rows) -> bytes:
     """A Rows result: its metadata (one table for every column: the global table spec) and each cell serialized."""
-    flags = _HAS_MORE_PAGES if result.paging_state is not None else 0
-    same_table = len({(c.keyspace, c.table) for c in result.columns}) <= 1
-    flags |= _GLOBAL_TABLES_SPEC if same_table and result.columns else 0
+    flags = (_HAS_MORE_PAGES if result.paging_state is not None else 0) | (
+        _GLOBAL_TABLES_SPEC if _one_table(result.columns) else 0)
     parts = [int_(_ROWS), int_(flags), int_(len(result.columns))]
     if result.paging_state is not None:
         parts.append(bytes_(result.paging_state))
-    if flags & _GLOBAL_TABLES_SPEC:
-        parts += [string(result.columns[0].keyspace), string(result.columns[0].table)]
-    for column in result.columns:
-        if not flags & _GLOBAL_TABLES_SPEC:
-            parts += [string(column.keyspace), string(column.table)]
-        parts += [string(column.name), short(_type_id(column.type))]
-    parts.append(int_(len(result.rows)))
+    parts += [_column_specs(result.columns, flags), int_(len(result.rows))]
     encoders = [_ENCODERS[column.type] for column in result.columns]
     for row in result.rows:
         parts += [bytes_(None if value is None else encode(value)) for encode, value in zip(encoders, row, strict=True)]
     return response_frame(stream, RESULT, b"".join(parts))
+
+
+def prepared(stream: int, statement_id: bytes, bound: tuple[Column, ...], pk_indexes: tuple[int, ...],
+             result: tuple[Column, ...]) -> bytes:
+    """A Prepared result: the id, the bound variables with the positions of the partition key among them (v4), and
+    the columns its rows will have (none: a statement without rows)."""
+    bound_flags = _GLOBAL_TABLES_SPEC if _one_table(bound) else 0
+    parts = [int_(_PREPARED), short(len(statement_id)), statement_id, int_(bound_flags), int_(len(bound)),
+             int_(len(pk_indexes)), *(short(index) for index in pk_indexes), _column_specs(bound, bound_flags)]
+    result_flags = (_GLOBAL_TABLES_SPEC if _one_table(result) else 0) | (0 if result else _NO_METADATA)
+    parts += [int_(result_flags), int_(len(result)), _column_specs(result, result_flags)]
+    return response_frame(stream, RESULT, b"".join(parts))
+
+
+def schema_change(stream: int, change: str, target: str, keyspace: str, name: str | None = None) -> bytes:
+    """A Schema_change result: CREATED, UPDATED or DROPPED; KEYSPACE, or TABLE with the table's name."""
+    options = string(keyspace) + (b"" if name is None else string(name))
+    return response_frame(stream, RESULT, int_(_SCHEMA_CHANGE) + string(change) + string(target) + options)
+
+
+def _one_table(columns: tuple[Column, ...]) -> bool:
+    return bool(columns) and len({(c.keyspace, c.table) for c in columns}) == 1
+
+
+def _column_specs(columns: tuple[Column, ...], flags: int) -> bytes:
+    parts = [string(columns[0].keyspace), string(columns[0].table)] if flags & _GLOBAL_TABLES_SPEC else []
+    for column in columns:
+        if not flags & _GLOBAL_TABLES_SPEC:
+            parts += [string(column.keyspace), string(column.table)]
+        parts += [string(column.name), short(_type_id(column.type))]
+    return b"".join(parts)
 
 
 def _type_id(type_name: str) -> int:

@@ -132,3 +132,33 @@ def test_frames_and_bodies_that_break_the_protocol_are_refused():
         native.decode_request(native.RESULT, b"")
     with pytest.raises(native.ProtocolError, match="cannot be read"):
         native.decode_value("int", b"\x00\x01")
+
+
+def test_a_batch_of_text_and_prepared_statements_reads_as_the_driver_wrote_it():
+    from cassandra.query import BatchType
+    queries = [(False, "INSERT INTO ks.t (k, v) VALUES (?, ?)", [struct.pack(">i", 1), b"a"]),
+               (True, b"\x0a\x0b", [struct.pack(">i", 2), None])]
+    message = protocol.BatchMessage(BatchType.UNLOGGED, queries, ConsistencyLevel.QUORUM,
+                                    ConsistencyLevel.LOCAL_SERIAL, timestamp=1_700_000_000_000_000)
+    header, body = driver_request(message)
+    assert native.decode_request(header.opcode, body) == native.Batch(
+        1, (native.BatchStatement("INSERT INTO ks.t (k, v) VALUES (?, ?)", None, (struct.pack(">i", 1), b"a")),
+            native.BatchStatement(None, b"\x0a\x0b", (struct.pack(">i", 2), None))),
+        ConsistencyLevel.QUORUM, ConsistencyLevel.LOCAL_SERIAL, 1_700_000_000_000_000)
+
+
+def test_the_driver_reads_our_prepared_results_and_schema_changes():
+    bound = (native.Column("ks", "t", "k", "int"), native.Column("ks", "t", "v", "text"))
+    result = bound + (native.Column("ks", "t", "score", "double"),)
+    message = driver_reads(native.prepared(STREAM, b"\x01" * 16, bound, (0,), result))
+    assert message.query_id == b"\x01" * 16 and message.pk_indexes == [0]
+    assert [(c.keyspace_name, c.table_name, c.name) for c in message.bind_metadata] == \
+        [("ks", "t", "k"), ("ks", "t", "v")]
+    assert [c[2] for c in message.column_metadata] == ["k", "v", "score"]
+    no_rows = driver_reads(native.prepared(STREAM, b"\x02", bound, (0,), ()))
+    assert not no_rows.column_metadata
+    change = driver_reads(native.schema_change(STREAM, "CREATED", "TABLE", "ks", "t")).schema_change_event
+    assert (change["change_type"], change["target_type"], change["keyspace"], change["table"]) == (
+        "CREATED", "TABLE", "ks", "t")
+    assert driver_reads(native.schema_change(STREAM, "DROPPED", "KEYSPACE", "ks")).schema_change_event == {
+        "change_type": "DROPPED", "target_type": "KEYSPACE", "keyspace": "ks"}
