@@ -23,8 +23,9 @@ test: lint check-proto
 	$(PYTHON) -m pytest -q -p no:cacheprovider
 
 # The inner loop: every test that starts no node process (pure core, adapters in-process, fakes), the simulations'
-# schedules shortened (`make test` runs them at full length too). Three workers on two cores: many of these
-# tests wait (Raft elections, child processes, gRPC deadlines) as much as they compute. Bytecode is cached even where
+# schedules shortened (`make test` runs them at full length too). Four workers on two cores, each taking the next
+# test when it is free (worksteal): many of these tests wait (Raft elections, child processes, gRPC deadlines) as
+# much as they compute, and one that waits must not hold back a queue of computing ones. Bytecode is cached even where
 # the environment says not to: each worker would otherwise compile every module it collects, on every run.
 test-fast: venv
 	PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -p no:cacheprovider -m "not integration and not deep" -n 4 --dist worksteal
