@@ -277,7 +277,8 @@ class TabletStreams:
     def _feeds(self, table_id: str) -> bool:
         return self._feed is not None and self._feed.feeds_views(table_id)
 
-    def _held_here(self, request: TabletStream, spec: TableSpec, resume: _Resume) -> dict[tuple[int, tuple], None]:
+    def _held_here(self, request: TabletStream, spec: TableSpec,
+                   resume: _Resume) -> dict[tuple[int, tuple], Row | None]:
         """The rows of the range still to stream that this node holds already (tombstones too), by (token, key)."""
         low = request.first_token if resume.after_token is None else resume.after_token + 1
         if low > request.last_token:
