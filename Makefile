@@ -3,16 +3,18 @@
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock requirements-scylla.lock pyproject.toml | cksum | cut -d' ' -f1)
 PROTO_GEN = $(PYTHON) -m grpc_tools.protoc -Iproto --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) proto/vbcpb/vbc.proto
 
 .PHONY: venv test test-fast lint demo proto check-proto bench soak clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-scylla.lock pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --disable-pip-version-check -r requirements.lock
+	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/scylla-driver \
+	  -r requirements-scylla.lock
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@echo "making the Spark class-data archive of this installation (about a minute, once)"
 	$(PYTHON) -m vbc spark-archive || echo "no class-data archive yet: the nodes' first driver JVM makes it"

@@ -33,6 +33,8 @@ __all__ = [
     "Select",
     "Batch",
     "DropKeyspace",
+    "Use",
+    "Describe",
     "DropTable",
     "DropView",
     "DropIndex",
@@ -189,6 +191,23 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class Use:
+    """USE: the keyspace of a connection's names written without one (CQL's native protocol)."""
+
+    keyspace: str
+
+
+@dataclass(frozen=True)
+class Describe:
+    """DESCRIBE: `kind` keyspaces, keyspace, tables, table, index, view, cluster, schema, types, functions,
+    aggregates or any (a keyspace, table, index or view by name)."""
+
+    kind: str
+    keyspace: str | None = None
+    name: QualifiedName | None = None
+
+
+@dataclass(frozen=True)
 class DropKeyspace:
     name: str
     if_exists: bool
@@ -301,6 +320,8 @@ Statement = (
     | Select
     | Batch
     | DropKeyspace
+    | Use
+    | Describe
     | DropTable
     | DropView
     | DropIndex

@@ -28,6 +28,8 @@ class StatementAuthorization:
             self._catalog.read(lambda state: auth.authorize(state, principal, permission, resource))
 
     def _needs(self, s: ast.Statement) -> list[tuple[str, Resource]]:
+        if isinstance(s, (ast.Use, ast.Describe)):
+            return []  # the schema is every login's to read, as in Cassandra
         if isinstance(s, ast.Select):
             return [("SELECT", self._base_of(s.table))]
         if isinstance(s, (ast.Insert, ast.Update, ast.Delete)):

@@ -23,6 +23,7 @@ from coordinator.core.errors import InvalidArgument
 
 from . import ast
 from .catalog import Group0Client, keyspace_of
+from .keyspaces import DATA_CENTER
 from .result import Result
 
 DEFAULT_INITIAL_TABLETS = 8
@@ -152,10 +153,12 @@ def _message(verb: str, kind: str, name: str, value: object) -> Result:
 
 
 def _replication_factor(options: dict) -> int:
-    unknown = set(options) - {"rf", "replication_factor", "class"}
+    unknown = set(options) - {"rf", "replication_factor", "class", DATA_CENTER}
     if unknown:
-        raise InvalidArgument(f"unknown replication option(s) {', '.join(sorted(unknown))}; use {{'rf': N}}")
-    value = options.get("rf", options.get("replication_factor"))
+        raise InvalidArgument(f"unknown replication option(s) {', '.join(sorted(unknown))}; use {{'rf': N}} (or "
+                              f"{{'class': 'NetworkTopologyStrategy', '{DATA_CENTER}': N}}: the cluster is one data "
+                              "center)")
+    value = options.get("rf", options.get("replication_factor", options.get(DATA_CENTER)))
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):

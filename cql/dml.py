@@ -30,9 +30,10 @@ class WriteStatements:
         self._writer = writer
         self._now = now
 
-    def run(self, statements: list) -> Result:
-        """INSERT/UPDATE/DELETE/BATCH statements (one per bind-value set) as one write with one timestamp."""
-        default_ts = self._now()
+    def run(self, statements: list, timestamp: int | None = None) -> Result:
+        """INSERT/UPDATE/DELETE/BATCH statements (one per bind-value set) as one write with one timestamp (the
+        client's `timestamp` if given, else the node's clock) for those without USING TIMESTAMP."""
+        default_ts = self._default_ts(timestamp)
         mutations = []
         tables: dict[ast.QualifiedName, Table] = {}  # each table resolved once per write
         for statement in statements:
@@ -43,11 +44,11 @@ class WriteStatements:
         single = len(statements) == 1 and not isinstance(statements[0], ast.Batch)
         return self._write(mutations, default_ts, single)
 
-    def run_insert_values(self, statement: ast.Insert, params: list[list]) -> Result:
+    def run_insert_values(self, statement: ast.Insert, params: list[list], timestamp: int | None = None) -> Result:
         """One INSERT with bind markers, once per value set, as one write: the rows are built from the values
         directly (the statement is not rebuilt per value set)."""
         table = self._catalog.writable(statement.table)
-        default_ts = self._now()
+        default_ts = self._default_ts(timestamp)
         ts = _timestamp(statement.timestamp, default_ts)
         markers = sorted(v.position for v in statement.values if isinstance(v, ast.BindMarker))
         slot = {position: i for i, position in enumerate(markers)}
@@ -61,15 +62,19 @@ class WriteStatements:
             mutations.append((table, rows.row(literals, ts)))
         return self._write(mutations, default_ts, single=len(params) == 1)
 
-    def run_insert_columns(self, statement: ast.Insert, columns: list[pa.ChunkedArray], staged: bool = False) -> Result:
+    def run_insert_columns(self, statement: ast.Insert, columns: list[pa.ChunkedArray], staged: bool = False,
+                           timestamp: int | None = None) -> Result:
         """One INSERT with bind markers, once per row of the Arrow value columns, as one columnar write
         (NotColumnar when the values need the row path); `staged`: a bulk load's (see `ArrowValues`)."""
         table = self._catalog.writable(statement.table)
-        default_ts = self._now()
+        default_ts = self._default_ts(timestamp)
         mutations = insert_mutations(table, statement, columns, _timestamp(statement.timestamp, default_ts))
         self._writer.write_columns(table, mutations, default_ts, staged=staged)
         rows = mutations.num_rows
         return Result(message="ok") if rows == 1 else Result(message=f"ok: {rows} statements applied")
+
+    def _default_ts(self, timestamp: int | None) -> int:
+        return self._now() if timestamp is None else _timestamp(timestamp, 0)
 
     def _write(self, mutations: list, default_ts: int, single: bool) -> Result:
         if mutations:

@@ -17,7 +17,9 @@ from .authorization import StatementAuthorization
 from .catalog import Catalog, Group0Client, keyspace_of
 from .columnar import ArrowValues, NotColumnar
 from .ddl import SchemaAgreement, SchemaStatements
+from .describe import describe
 from .dml import WRITES, WriteStatements
+from .keyspaces import SYSTEM_KEYSPACES, in_keyspace
 from .limits import Limits
 from .prepared import UNPREPARED, Prepared, PreparedCache, Unprepared, changed_table, prepare
 from .result import Result
@@ -30,7 +32,8 @@ class Executor:
 
     def __init__(self, group0: Group0Client, writer: WriteCoordinator, reader: ReadCoordinator,
                  now: Callable[[], int], injections: Injections, metrics: NodeMetrics, limits: Limits | None = None,
-                 schema_agreement: SchemaAgreement | None = None):
+                 schema_agreement: SchemaAgreement | None = None, cluster_name: str = "vbc"):
+        self.cluster_name = cluster_name
         self._catalog = Catalog(group0)
         self._schema = SchemaStatements(group0, injections, schema_agreement)
         self._writes = WriteStatements(self._catalog, writer, now)
@@ -41,28 +44,30 @@ class Executor:
         self.limits = limits or Limits()
         self._prepared = PreparedCache()
 
-    def prepare(self, text: str) -> Prepared:
-        """Parse and resolve `text` once; its id and bind columns (INVALID_ARGUMENT/NOT_FOUND as executing it)."""
+    def prepare(self, text: str, keyspace: str | None = None) -> Prepared:
+        """Parse and resolve `text` once (names without a keyspace in `keyspace`); its id and bind columns
+        (INVALID_ARGUMENT/NOT_FOUND as executing it)."""
         self.limits.check_statement(text)
-        statement = _parse_cached(text)
-        if isinstance(statement, ROLE_STATEMENTS):
+        statement = in_keyspace(_parse_cached(text), keyspace)
+        if isinstance(statement, ROLE_STATEMENTS + (ast.Use, ast.Describe)):
             raise InvalidArgument(f"{type(statement).__name__} cannot be prepared: run it as a plain statement")
-        prepared = prepare(text, statement, self._resolve)
+        prepared = prepare(text, statement, self._resolve, keyspace)
         self._prepared.add(prepared)
         return prepared
 
     def execute(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "",
                 page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None, *,
-                principal: Principal) -> Result:
+                principal: Principal, keyspace: str | None = None, timestamp: int | None = None) -> Result:
         """`answer`, with a SELECT's rows as lists in `rows` too."""
         return _with_rows(self.answer(text, params, prepared_id, page_size, paging_state, deadline,
-                                      principal=principal))
+                                      principal=principal, keyspace=keyspace, timestamp=timestamp))
 
     def answer(self, text: str, params: list[list] | ArrowValues | None = None, prepared_id: str = "",
                page_size: int | None = None, paging_state: bytes = b"", deadline: float | None = None, *,
-               principal: Principal) -> Result:
+               principal: Principal, keyspace: str | None = None, timestamp: int | None = None) -> Result:
         """One Result: a SELECT's every row (without `page_size`), or its page from `paging_state` on."""
-        pages = self.execute_pages(text, page_size, params, prepared_id, paging_state, deadline, principal=principal)
+        pages = self.execute_pages(text, page_size, params, prepared_id, paging_state, deadline, principal=principal,
+                                   keyspace=keyspace, timestamp=timestamp)
         try:
             return next(pages)
         finally:
@@ -70,15 +75,18 @@ class Executor:
 
     def execute_pages(self, text: str, page_size: int | None, params: list[list] | ArrowValues | None = None,
                       prepared_id: str = "", paging_state: bytes = b"",
-                      deadline: float | None = None, *, principal: Principal) -> Iterator[Result]:
+                      deadline: float | None = None, *, principal: Principal, keyspace: str | None = None,
+                      timestamp: int | None = None) -> Iterator[Result]:
         """Run `text`, or the prepared statement `prepared_id` (then `text` is not looked at), once per value set,
         if `principal` holds the permissions it needs (the caller's, resolved once per call: no default).
 
         Value sets given as Arrow columns (their sizes checked by the caller) feed a prepared INSERT as one
         columnar write; everything else gets them as rows. A SELECT answers pages of `page_size` rows from
-        `paging_state` on; `deadline` (time.monotonic) bounds its reads."""
+        `paging_state` on; `deadline` (time.monotonic) bounds its reads. Names without a keyspace are in
+        `keyspace` (a CQL connection's, set by USE); a write without USING TIMESTAMP is at `timestamp` (a CQL
+        client's default timestamp, microseconds) when given, else at this node's clock."""
         arrow = params if isinstance(params, ArrowValues) else None
-        statement = self._statement(text, None if arrow else params, prepared_id)
+        statement = self._statement(text, None if arrow else params, prepared_id, keyspace)
         kind = type(statement).__name__
         self._metrics.statements.labels(kind).inc()
         self._authorization.check(principal, statement)
@@ -89,7 +97,13 @@ class Executor:
                 yield self._roles.run(principal, statement)
                 return
             if isinstance(statement, WRITES):
-                yield self._write(statement, params, prepared_id)
+                yield self._write(statement, params, prepared_id, timestamp)
+                return
+            if isinstance(statement, ast.Use):
+                yield self._use(statement, params)
+                return
+            if isinstance(statement, ast.Describe):
+                yield self._catalog.read(lambda state: describe(state, statement, keyspace, self.cluster_name))
                 return
             statements = _bound(statement, arrow.rows() if arrow else params)
             if len(statements) > 1:
@@ -99,37 +113,70 @@ class Executor:
                 return
             yield self._schema.run(statements[0])
 
-    def _write(self, statement: ast.Statement, params: list[list] | ArrowValues | None, prepared_id: str) -> Result:
+    def prepared_statement(self, prepared_id: str) -> Prepared:
+        """The prepared statement `prepared_id` as this node holds it; Unprepared if it does not (any more)."""
+        return self._valid_prepared(prepared_id)
+
+    def batch(self, items: list[tuple[str, str, list]], *, principal: Principal, keyspace: str | None = None,
+              timestamp: int | None = None) -> Result:
+        """A batch of (text, prepared id, values) writes (CQL's BATCH message) as one write with one timestamp."""
+        self.limits.check_rows(len(items), "statements")
+        statements = []
+        for text, prepared_id, values in items:
+            statement = self._statement(text, [values] if values else None, prepared_id, keyspace)
+            if not isinstance(statement, (ast.Insert, ast.Update, ast.Delete)):
+                raise InvalidArgument(f"a BATCH holds INSERT, UPDATE and DELETE statements only, not "
+                                      f"{type(statement).__name__}")
+            self._authorization.check(principal, statement)
+            statements += _bound(statement, [values] if values else None)
+        self._metrics.statements.labels("Batch").inc()
+        with self._metrics.statement_seconds.labels("Batch").time():
+            return self._writes.run([ast.Batch(tuple(statements), None)], timestamp)
+
+    def _use(self, statement: ast.Use, params) -> Result:
+        if params:
+            raise InvalidArgument("USE takes no bind values")
+        if statement.keyspace not in SYSTEM_KEYSPACES and self._catalog.read(
+                lambda state: statement.keyspace not in state.keyspaces):
+            self._catalog.catch_up()
+            self._catalog.read(lambda state: state.require_keyspace(statement.keyspace))
+        return Result(message=f"using keyspace {statement.keyspace}", keyspace=statement.keyspace)
+
+    def _write(self, statement: ast.Statement, params: list[list] | ArrowValues | None, prepared_id: str,
+               timestamp: int | None = None) -> Result:
         """Run a write; if a replica had already applied a drop of its table that this node had not, catch up
         and run it once more against the table now under the name (a prepared one is then prepared again). A
         prepared write whose values do not fit its table catches up too before saying so: a table re-created
         with other column types, committed but not yet applied here, makes it unprepared instead."""
         try:
-            return self._write_once(statement, params)
+            return self._write_once(statement, params, timestamp)
         except TableDropped:
             self._catalog.catch_up()
             if prepared_id:
                 self._valid_prepared(prepared_id)
-            return self._write_once(statement, params)
+            return self._write_once(statement, params, timestamp)
         except InvalidArgument:
             if prepared_id:  # values that do not fit may be meant for a re-created table this node has not seen yet
                 self._catalog.catch_up()
                 self._valid_prepared(prepared_id)
             raise
 
-    def _write_once(self, statement: ast.Statement, params: list[list] | ArrowValues | None) -> Result:
+    def _write_once(self, statement: ast.Statement, params: list[list] | ArrowValues | None,
+                    timestamp: int | None) -> Result:
         if isinstance(params, ArrowValues):
             if isinstance(statement, ast.Insert):
                 try:
-                    return self._writes.run_insert_columns(statement, params.columns, staged=params.staged)
+                    return self._writes.run_insert_columns(statement, params.columns, staged=params.staged,
+                                                           timestamp=timestamp)
                 except NotColumnar:
                     pass
             params = params.rows()
         if isinstance(statement, ast.Insert) and params:
-            return self._writes.run_insert_values(statement, params)
-        return self._writes.run(_bound(statement, params))
+            return self._writes.run_insert_values(statement, params, timestamp)
+        return self._writes.run(_bound(statement, params), timestamp)
 
-    def _statement(self, text: str, params: list[list] | None, prepared_id: str) -> ast.Statement:
+    def _statement(self, text: str, params: list[list] | None, prepared_id: str,
+                   keyspace: str | None = None) -> ast.Statement:
         """The parsed statement, after the size limits (checked before any parsing)."""
         self.limits.check_rows(len(params or ()))
         self.limits.check_values(params or ())
@@ -137,7 +184,7 @@ class Executor:
             statement = self._valid_prepared(prepared_id).statement
         else:
             self.limits.check_statement(text)
-            statement = _parse_cached(text)
+            statement = in_keyspace(_parse_cached(text), keyspace)
         if isinstance(statement, ast.Batch):
             self.limits.check_rows(len(statement.statements) * max(1, len(params or ())), "statements")
         return statement

@@ -47,13 +47,18 @@ class Run:
 class NativeConnection:
     """The protocol state of one client connection (see the module docstring)."""
 
-    def __init__(self, login: Login, max_frame: int = MAX_FRAME, max_in_flight: int = MAX_IN_FLIGHT):
+    def __init__(self, login: Login | None, max_frame: int = MAX_FRAME, max_in_flight: int = MAX_IN_FLIGHT,
+                 open_principal: object = None):
+        """`login` None: a node without authentication, where STARTUP is answered READY and every statement runs
+        for `open_principal`."""
         self._login = login
+        self._open_principal = open_principal
         self._max_frame = max_frame
         self._max_in_flight = max_in_flight
         self._buffer = bytearray()
         self._started = False
         self._principal: object | None = None
+        self._authenticated = False
         self._in_flight: set[int] = set()
         self._closed = False
 
@@ -104,7 +109,7 @@ class NativeConnection:
             return self._startup(stream)
         if isinstance(request, native.AuthResponse):
             return self._authenticate(stream, request.token)
-        if self._principal is None:
+        if not self._authenticated:
             return Send(native.error(stream, native.PROTOCOL_ERROR,
                                      "the connection is not authenticated yet: send STARTUP, then AUTH_RESPONSE"))
         if isinstance(request, native.Register):
@@ -116,11 +121,16 @@ class NativeConnection:
         if self._started:
             return Send(native.error(stream, native.PROTOCOL_ERROR, "STARTUP was already sent on this connection"))
         self._started = True
+        if self._login is None:
+            self._principal, self._authenticated = self._open_principal, True
+            return Send(native.ready(stream))
         return Send(native.authenticate(stream, PASSWORD_AUTHENTICATOR))
 
     def _authenticate(self, stream: int, token: bytes | None) -> Send:
         if not self._started:
             return Send(native.error(stream, native.PROTOCOL_ERROR, "AUTH_RESPONSE before STARTUP"))
+        if self._login is None:
+            return Send(native.error(stream, native.PROTOCOL_ERROR, "this node asks for no credentials"))
         parts = (token or b"").split(b"\x00")
         if len(parts) != 3:
             return Send(native.error(stream, native.BAD_CREDENTIALS,
@@ -128,6 +138,7 @@ class NativeConnection:
         try:
             user, password = parts[1].decode("utf-8"), parts[2].decode("utf-8")
             self._principal = self._login(user, password)
+            self._authenticated = True
         except (LookupError, UnicodeDecodeError):
             return Send(native.error(stream, native.BAD_CREDENTIALS,
                                      "Provided username and/or password are incorrect"))

@@ -7,7 +7,10 @@ ERROR 0x000A for any version but 4).
 """
 from __future__ import annotations
 
+import functools
+import ipaddress
 import struct
+import uuid
 from dataclasses import dataclass, field
 
 VERSION = 4
@@ -39,7 +42,8 @@ UNSET = object()  # a bound value the client left unset (v4 [value] of length -2
 # column types ([option] ids) of the types our tables have
 TYPE_IDS = {"ascii": 0x0001, "bigint": 0x0002, "blob": 0x0003, "boolean": 0x0004, "double": 0x0007,
             "float": 0x0008, "int": 0x0009, "timestamp": 0x000B, "uuid": 0x000C, "text": 0x000D,
-            "varchar": 0x000D, "smallint": 0x0013, "tinyint": 0x0014}
+            "varchar": 0x000D, "inet": 0x0010, "smallint": 0x0013, "tinyint": 0x0014}
+COLLECTION_IDS = {"list": 0x0020, "map": 0x0021, "set": 0x0022}  # of the system tables' columns
 
 
 class ProtocolError(Exception):
@@ -315,8 +319,29 @@ _REQUESTS = {
 # ------------------------------------------------------------------ responses
 
 
-def error(stream: int, code: int, message: str) -> bytes:
-    return response_frame(stream, ERROR, int_(code) + string(message))
+def error(stream: int, code: int, message: str, details: bytes = b"") -> bytes:
+    """An ERROR; `details` are the fields its code has after the message (see the error_* helpers)."""
+    return response_frame(stream, ERROR, int_(code) + string(message) + details)
+
+
+def unavailable_details(consistency: int, required: int, alive: int) -> bytes:
+    return short(consistency) + int_(required) + int_(alive)
+
+
+def write_timeout_details(consistency: int, received: int, block_for: int, write_type: str) -> bytes:
+    return short(consistency) + int_(received) + int_(block_for) + string(write_type)
+
+
+def read_timeout_details(consistency: int, received: int, block_for: int, data_present: bool) -> bytes:
+    return short(consistency) + int_(received) + int_(block_for) + (b"\x01" if data_present else b"\x00")
+
+
+def unprepared_details(statement_id: bytes) -> bytes:
+    return short(len(statement_id)) + statement_id
+
+
+def already_exists_details(keyspace: str, table: str) -> bytes:
+    return string(keyspace) + string(table)
 
 
 def ready(stream: int) -> bytes:
@@ -351,7 +376,7 @@ def rows(stream: int, result: Rows) -> bytes:
     if result.paging_state is not None:
         parts.append(bytes_(result.paging_state))
     parts += [_column_specs(result.columns, flags), int_(len(result.rows))]
-    encoders = [_ENCODERS[column.type] for column in result.columns]
+    encoders = [encoder(column.type) for column in result.columns]
     for row in result.rows:
         parts += [bytes_(None if value is None else encode(value)) for encode, value in zip(encoders, row, strict=True)]
     return response_frame(stream, RESULT, b"".join(parts))
@@ -384,15 +409,28 @@ def _column_specs(columns: tuple[Column, ...], flags: int) -> bytes:
     for column in columns:
         if not flags & _GLOBAL_TABLES_SPEC:
             parts += [string(column.keyspace), string(column.table)]
-        parts += [string(column.name), short(_type_id(column.type))]
+        parts += [string(column.name), type_option(column.type)]
     return b"".join(parts)
 
 
-def _type_id(type_name: str) -> int:
+def type_option(type_name: str) -> bytes:
+    """A column type as the protocol's [option]: its id, and a collection's element types after it."""
+    kind, elements = _parse_type(type_name)
+    if kind in COLLECTION_IDS:
+        return short(COLLECTION_IDS[kind]) + b"".join(type_option(element) for element in elements)
     try:
-        return TYPE_IDS[type_name]
+        return short(TYPE_IDS[kind])
     except KeyError:
         raise ValueError(f"column type {type_name!r} has no native protocol type here") from None
+
+
+def _parse_type(type_name: str) -> tuple[str, tuple[str, ...]]:
+    """`map<text, text>` -> ("map", ("text", "text")); a simple type has no elements."""
+    name = type_name.replace(" ", "")
+    if "<" not in name:
+        return name, ()
+    kind, inner = name.split("<", 1)
+    return kind, tuple(inner[:-1].split(",")) if kind in COLLECTION_IDS else ()
 
 
 # ------------------------------------------------------------------ values
@@ -403,12 +441,17 @@ def _int(width: str):
     return packer.pack, lambda data: packer.unpack(data)[0]
 
 
+def _inet(value: str) -> bytes:
+    return ipaddress.ip_address(value).packed
+
+
 _ENCODERS = {
     "int": _int("i")[0], "bigint": _int("q")[0], "timestamp": _int("q")[0], "smallint": _int("h")[0],
     "tinyint": _int("b")[0], "double": _int("d")[0], "float": _int("f")[0],
     "boolean": lambda value: b"\x01" if value else b"\x00",
     "text": lambda value: value.encode("utf-8"), "varchar": lambda value: value.encode("utf-8"),
     "ascii": lambda value: value.encode("ascii"), "blob": bytes,
+    "uuid": lambda value: uuid.UUID(str(value)).bytes, "inet": _inet,
 }
 _DECODERS = {
     "int": _int("i")[1], "bigint": _int("q")[1], "timestamp": _int("q")[1], "smallint": _int("h")[1],
@@ -417,6 +460,25 @@ _DECODERS = {
     "text": lambda data: data.decode("utf-8"), "varchar": lambda data: data.decode("utf-8"),
     "ascii": lambda data: data.decode("ascii"), "blob": bytes,
 }
+
+
+def _collection(elements: tuple[str, ...], value) -> bytes:
+    """A list or set: [int] n, then n [bytes]; a map: [int] n, then n key and value [bytes] pairs."""
+    if len(elements) == 2:
+        key, item = encoder(elements[0]), encoder(elements[1])
+        pairs = sorted(value.items())
+        return int_(len(pairs)) + b"".join(bytes_(key(k)) + bytes_(item(v)) for k, v in pairs)
+    element = encoder(elements[0])
+    items = sorted(value) if isinstance(value, (set, frozenset)) else list(value)
+    return int_(len(items)) + b"".join(bytes_(element(item)) for item in items)
+
+
+def encoder(type_name: str):
+    """The function writing a non-null value of `type_name` as the bytes of a [bytes] cell."""
+    kind, elements = _parse_type(type_name)
+    if kind in COLLECTION_IDS:
+        return functools.partial(_collection, elements)
+    return _ENCODERS[kind]
 
 
 def decode_value(type_name: str, data):

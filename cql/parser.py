@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 import re
 from types import MappingProxyType
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from .ast import (
     Delete,
     DropIndex,
     DropKeyspace,
+    Use,
+    Describe,
     DropRole,
     DropTable,
     DropView,
@@ -305,12 +308,16 @@ class _Builder(Transformer):
                 )
             if name.value in found:
                 _fail(f"option {name.value!r} given more than once", name)
+            if (name.value == "durable_writes") != (not isinstance(value, Mapping)):
+                _fail(f"option {name.value!r} " + ("can only be true: every write is durable"
+                                                   if name.value == "durable_writes" else "takes a map {...}"), name)
             found[name.value] = value
+        found.pop("durable_writes", None)
         return found
 
     def create_keyspace(self, c: list[Any]) -> CreateKeyspace:
         ine, name, *opts = c
-        found = self._ks_options(opts, ("replication", "tablets"), "keyspace")
+        found = self._ks_options(opts, ("replication", "tablets", "durable_writes"), "keyspace")
         if "replication" not in found:
             _fail(
                 f"CREATE KEYSPACE {name.value} needs a replication option, "
@@ -326,7 +333,7 @@ class _Builder(Transformer):
 
     def alter_keyspace(self, c: list[Any]) -> AlterKeyspace:
         name, *opts = c
-        found = self._ks_options(opts, ("replication",), "ALTER KEYSPACE")
+        found = self._ks_options(opts, ("replication", "durable_writes"), "ALTER KEYSPACE")
         return AlterKeyspace(name=name.value, replication=found["replication"])
 
     # --------------------------------------------------------------- tables
@@ -550,6 +557,48 @@ class _Builder(Transformer):
     # ---------------------------------------------------------------- drops
     def drop_keyspace(self, c: list[Any]) -> DropKeyspace:
         return DropKeyspace(name=c[1].value, if_exists=bool(c[0]))
+
+    def use(self, c: list[Any]) -> Use:
+        return Use(keyspace=c[0].value)
+
+    def describe(self, c: list[Any]) -> Describe:
+        return c[0]
+
+    def describe_keyspace(self, c: list[Any]) -> Describe:
+        return Describe("keyspace", keyspace=c[0].value if c[0] is not None else None)
+
+    def describe_table(self, c: list[Any]) -> Describe:
+        return Describe("table", name=_qual(c[0]))
+
+    def describe_index(self, c: list[Any]) -> Describe:
+        return Describe("index", name=_qual(c[0]))
+
+    def describe_view(self, c: list[Any]) -> Describe:
+        return Describe("view", name=_qual(c[0]))
+
+    def describe_keyspaces(self, c: list[Any]) -> Describe:
+        return Describe("keyspaces")
+
+    def describe_tables(self, c: list[Any]) -> Describe:
+        return Describe("tables")
+
+    def describe_cluster(self, c: list[Any]) -> Describe:
+        return Describe("cluster")
+
+    def describe_schema(self, c: list[Any]) -> Describe:
+        return Describe("schema")
+
+    def describe_types(self, c: list[Any]) -> Describe:
+        return Describe("types")
+
+    def describe_functions(self, c: list[Any]) -> Describe:
+        return Describe("functions")
+
+    def describe_aggregates(self, c: list[Any]) -> Describe:
+        return Describe("aggregates")
+
+    def describe_any(self, c: list[Any]) -> Describe:
+        return Describe("any", name=_qual(c[0]))
 
     def drop_table(self, c: list[Any]) -> DropTable:
         return DropTable(table=_qual(c[1]), if_exists=bool(c[0]))

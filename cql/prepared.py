@@ -47,9 +47,10 @@ class Prepared:
     bind_columns: tuple[BindColumn, ...]  # in marker order
 
 
-def statement_id(text: str) -> str:
-    """The id of the prepared `text`: the same on every node."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+def statement_id(text: str, keyspace: str | None = None) -> str:
+    """The id of the prepared `text` (in a connection's `keyspace`, for names without one): the same on every node."""
+    scoped = text if keyspace is None else f"{keyspace}\0{text}"
+    return hashlib.sha256(scoped.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _dml_statements(statement: ast.Statement) -> tuple:
@@ -74,9 +75,10 @@ def _marker_columns(statement, table: Table) -> dict[int, BindColumn]:
             for column, value in pairs if isinstance(value, ast.BindMarker)}
 
 
-def prepare(text: str, statement: ast.Statement, resolve: Callable[[ast.Statement], Table]) -> Prepared:
-    """The prepared form of parsed `statement`; `resolve(dml statement)` gives the table it reads or writes
-    (raising NOT_FOUND or INVALID_ARGUMENT as executing it would)."""
+def prepare(text: str, statement: ast.Statement, resolve: Callable[[ast.Statement], Table],
+            keyspace: str | None = None) -> Prepared:
+    """The prepared form of parsed `statement` (its names already put in `keyspace`); `resolve(dml statement)` gives
+    the table it reads or writes (raising NOT_FOUND or INVALID_ARGUMENT as executing it would)."""
     tables: dict[ast.QualifiedName, Table] = {}
     columns: dict[int, BindColumn] = {}
     for inner in _dml_statements(statement):
@@ -85,7 +87,7 @@ def prepare(text: str, statement: ast.Statement, resolve: Callable[[ast.Statemen
         columns.update(_marker_columns(inner, table))
     positions = sorted(m.position for m in markers(statement))
     bind = tuple(columns.get(p, BindColumn(f"?{i}", "unknown")) for i, p in enumerate(positions, start=1))
-    return Prepared(statement_id(text), text, statement, tuple(tables.items()), bind)
+    return Prepared(statement_id(text, keyspace), text, statement, tuple(tables.items()), bind)
 
 
 def changed_table(prepared: Prepared, find: Callable[[ast.QualifiedName], Table | None]) -> str | None:

@@ -14,7 +14,7 @@ class Result:
 
     A SELECT's rows come as `arrow` (a record batch of the selected columns) rather than `rows`; `row_values()`
     gives either as lists. `paging_state` is set when more rows may follow this page; `plan` says how a SELECT
-    read its rows."""
+    read its rows; `keyspace` answers a USE."""
 
     columns: list[tuple[str, str]] = field(default_factory=list)
     rows: list[list] = field(default_factory=list)
@@ -22,6 +22,7 @@ class Result:
     arrow: pa.RecordBatch | None = None
     paging_state: bytes = b""
     plan: str = ""
+    keyspace: str = ""  # USE: the keyspace the connection's names without one are in from now on
 
     def as_arrow(self) -> pa.RecordBatch | None:
         """The rows as a record batch (None for an answer without columns)."""

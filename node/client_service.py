@@ -61,6 +61,9 @@ class ClientService(rpc.ClientServicer):
         params = _params(request, self._executor.limits)
         result = self._executor.answer(request.statement, params, request.prepared_id, request.page_size or None,
                                        request.paging_state, deadline_of(context), principal=principal)
+        if result.keyspace:
+            raise InvalidArgument("USE sets the keyspace of a CQL native protocol connection; over gRPC, name the "
+                                  f"keyspace in each statement ({result.keyspace}.table)")
         return _response(result, request.arrow_results)
 
     @streaming

@@ -191,7 +191,7 @@ class Authenticator:
         if user is None:
             raise Unauthenticated("no credentials: connect with a client certificate (--credentials DIR, or "
                                   "--cluster DIR) or log in with --user NAME on the node's client port")
-        return self._password_login(user, metadata.get(PASSWORD_KEY, ""), context)
+        return self.password_login(user, metadata.get(PASSWORD_KEY, ""), peer_host(context.peer()))
 
     def _node(self, node_id: str, context) -> Principal:
         """A node's certificate acts for the cluster, unless group0 removed that node: its certificate (left in its
@@ -214,10 +214,10 @@ class Authenticator:
             raise Unauthenticated(f"client certificate of {name!r}: {error.message}") from None
         return Principal(name)
 
-    def _password_login(self, user: str, password: str, context) -> Principal:
-        """A host out of login attempts is refused before the name is looked up, whatever the name; an unknown
-        name, a role that may not log in and a wrong password get the same answer."""
-        host = peer_host(context.peer())
+    def password_login(self, user: str, password: str, host: str) -> Principal:
+        """A login from `host` (a gRPC call's metadata, a CQL connection's SASL PLAIN): a host out of login attempts
+        is refused before the name is looked up, whatever the name; an unknown name, a role that may not log in and
+        a wrong password get the same answer."""
         digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
         if self._remembered(digest, user):
             return Principal(user)  # verified before: no scrypt to spare, and no guess (so no throttle)

@@ -5,6 +5,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -27,7 +28,8 @@ from common.peers import Peers
 from common.worker_client import WorkerClient
 from coordinator.core.build_settings import chunk_limit
 from coordinator.core.commands import RecordTaskProgress, RegisterNode
-from coordinator.core.errors import Unavailable
+from coordinator.core.auth import CLUSTER, Principal
+from coordinator.core.errors import ResourceExhausted, Unauthenticated, Unavailable
 from coordinator.core.hlc import HybridClock
 from coordinator.core.schema import TASK_PROCESS_STAGING
 from coordinator.core.state import Group0State
@@ -36,6 +38,7 @@ from coordinator.raft import Group0, Group0Unavailable, StateMachineError, secre
 from coordinator.tablet_migration import MigrationCalls, MigrationDriver
 from coordinator.view_building import ViewBuildingLoop
 from cql.executor import Executor
+from cql.system_tables import Asker
 from cql.limits import Limits
 from replica.inflight import InflightWrites
 from replica.local import LocalData, SchemaAccess
@@ -59,6 +62,8 @@ from worker.throttle import Throttle
 from . import security
 from .admin_service import AdminDeps, AdminService
 from .client_service import ClientService
+from .cql_requests import NativeDeps, NativeStatements
+from .cql_server import CqlServer, server_ssl_context
 from .health import HealthService
 from .staged_registry import StagedRegistry
 from .view_row_holds import ViewRowHolds
@@ -106,6 +111,8 @@ class NodeConfig:
     insecure: bool = False  # serve plaintext gRPC; else mutual TLS with the certificates in certs_dir
     certs_dir: Path | None = None  # ca.crt, node.crt, node.key (default: the data directory)
     client_addr: str | None = None  # a second port, TLS without client certificates, for password logins
+    cql_addr: str | None = None  # CQL's native protocol (v4), TLS with the node's certificate and password logins
+    cluster_name: str = "vbc"
     metrics_addr: str | None = None
     metrics_tls: bool = False  # serve the metrics over HTTPS with the node's certificate
     spark_master: str = field(default_factory=default_master)
@@ -116,6 +123,14 @@ class NodeConfig:
     limits: Limits = field(default_factory=Limits)
     enable_injections: bool = False  # Admin.Inject may switch fault injection points on (tests, local clusters)
     spark_prestart: bool = True  # start and warm up Spark in the background at start (else at the first batch)
+
+
+def _ip_of(host: str) -> str:
+    """`host` as an IP address (a name resolved once, at start; CQL's system tables hold addresses)."""
+    try:
+        return socket.getaddrinfo(host or "0.0.0.0", None)[0][4][0]
+    except OSError:
+        return host
 
 
 def host_of(address: str) -> str:
@@ -164,7 +179,8 @@ class Node:
                                        track_write=lambda: self.inflight.track(self.schema_version))
         self.reader = ReadCoordinator(self.node_id, self.group0.read, self.local, transport)
         self.executor = Executor(self.group0, self.writer, self.reader, self.now, self.injections, self.metrics,
-                                 config.limits, schema_agreement=self.schema_agreement)
+                                 config.limits, schema_agreement=self.schema_agreement,
+                                 cluster_name=config.cluster_name)
         self._transport = transport
         self.endpoint = InternodeEndpoint(self.node_id, self.local, self.local_status, transport, self.peers)
         self.spark = NodeSpark(SparkConfig(master=config.spark_master, driver_memory=config.spark_memory,
@@ -203,6 +219,7 @@ class Node:
         self._internode_calls = OpenCalls(INTERNODE_OPEN_CALLS)
         self._sessions = OpenCalls(CLIENT_SESSIONS)
         self._server = self._build_server()
+        self._cql = self._build_cql_server() if config.cql_addr else None
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
 
@@ -210,6 +227,9 @@ class Node:
 
     def start(self) -> None:
         self._server.start()
+        if self._cql is not None:
+            self._cql.start()
+            log.info("node %s serving CQL on %s", self.node_id, self.cql_address)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.group0.start()
         self.view_building.start()
@@ -240,6 +260,8 @@ class Node:
         self._worker_client.close()
         self.worker.close(wait=False)
         self._sessions.end_all()
+        if self._cql is not None:
+            self._cql.stop()
         self._internode_calls.end_all()
         self._server.stop(grace=2.0).wait(5.0)
         self._admin.close()
@@ -257,8 +279,8 @@ class Node:
 
     def _build_server(self) -> grpc.Server:
         threads = GRPC_WORKERS + INTERNODE_OPEN_CALLS + CLIENT_SESSIONS
-        authenticator = (None if self._tls is None
-                         else security.Authenticator(self.group0.read, self.metrics.failed_logins))
+        authenticator = self._authenticator = (None if self._tls is None
+                                               else security.Authenticator(self.group0.read, self.metrics.failed_logins))
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
                              options=SERVER_OPTIONS,
                              interceptors=() if authenticator is None else (security.Access(authenticator),))
@@ -292,6 +314,34 @@ class Node:
         if self.config.client_addr:
             self._add_client_port(server)
         return server
+
+    def _build_cql_server(self) -> CqlServer:
+        """CQL's native protocol on its own port: TLS with the node's certificate and password logins against the
+        cluster's roles (plaintext, and no login, on an insecure node)."""
+        statements = NativeStatements(NativeDeps(
+            self.executor, self.group0.read, Asker(self.node_id, self.config.cluster_name),
+            **({} if self._authenticator is None else {"still_allowed": self._authenticator.still_allowed})))
+        folder = Path(self.config.certs_dir or self.data_dir)
+        context = None if self._tls is None else server_ssl_context(str(folder / security.NODE_CERT),
+                                                                     str(folder / security.NODE_KEY))
+        login_for = None if self._authenticator is None else self._cql_login
+        return CqlServer(self.config.cql_addr, statements, login_for, context, open_principal=CLUSTER)
+
+    def _cql_login(self, host: str):
+        def login(user: str, password: str) -> Principal:
+            try:
+                return self._authenticator.password_login(user, password, host)
+            except (Unauthenticated, ResourceExhausted) as error:
+                raise LookupError(error.message) from None
+        return login
+
+    @property
+    def cql_address(self) -> str:
+        """HOST:PORT of the CQL server, as clients reach it (an IP address; "" without one)."""
+        if self._cql is None:
+            return ""
+        ip = _ip_of(host_of(self.config.cql_addr))
+        return f"[{ip}]:{self._cql.port}" if ":" in ip else f"{ip}:{self._cql.port}"
 
     def _add_client_port(self, server: grpc.Server) -> None:
         """The port for password logins: TLS without client certificates (plaintext on an insecure node)."""
@@ -340,7 +390,8 @@ class Node:
         """Register this node in group0 (retrying until a leader commits it), then report SERVING."""
         config = self.config
         command = RegisterNode(node_id=self.node_id, grpc=config.grpc_addr, raft=config.raft_addr, shards=config.shards,
-                               cmd_id=f"register/{self.node_id}/{config.grpc_addr}/{config.raft_addr}/{config.shards}")
+                               cql=self.cql_address, cmd_id=f"register/{self.node_id}/{config.grpc_addr}/"
+                                                             f"{config.raft_addr}/{config.shards}/{self.cql_address}")
         while not self._stopping.is_set():
             try:
                 outcome = self.group0.propose(command, timeout=5.0)

@@ -445,7 +445,7 @@ def test_a_taken_base_port_fails_with_a_clear_message(tmp_path, capsys):
 
 
 def test_node_layout_and_command_follow_the_port_scheme(tmp_path):
-    base = cluster_mod.find_free_block(9)
+    base = cluster_mod.find_free_block(12)
     description = cluster_mod.new_cluster(tmp_path, 3, shards=2, base_port=base)
     nodes = description["nodes"]
     assert [n["id"] for n in nodes] == ["n1", "n2", "n3"]
@@ -453,11 +453,12 @@ def test_node_layout_and_command_follow_the_port_scheme(tmp_path):
         assert node["grpc"] == f"127.0.0.1:{base + 2 * index}"
         assert node["raft"] == f"127.0.0.1:{base + 2 * index + 1}"
         assert node["client"] == f"127.0.0.1:{base + 6 + index}"
+        assert node["cql"] == f"127.0.0.1:{base + 9 + index}"
         assert node["data_dir"] == str(tmp_path / node["id"])
     command = nodes[1]["command"]
     assert command[:5] == [sys.executable, "-m", "vbc", "node", "start"]
     args = build_parser().parse_args(command[3:])
-    assert args.id == "n2" and args.shards == 2 and args.grpc == nodes[1]["grpc"]
+    assert args.id == "n2" and args.shards == 2 and args.grpc == nodes[1]["grpc"] and args.cql == nodes[1]["cql"]
     assert args.peers == {"n1": (nodes[0]["grpc"], nodes[0]["raft"]), "n3": (nodes[2]["grpc"], nodes[2]["raft"])}
     assert args.enable_injections  # a local cluster is for development and tests
 
@@ -697,7 +698,7 @@ FAKE_NODE = textwrap.dedent('''
     parser = argparse.ArgumentParser()
     parser.add_argument("--behaviour", default="serve")
     parser.add_argument("words", nargs="*")
-    for option in ("--id", "--data-dir", "--grpc", "--raft", "--client-addr", "--peers", "--shards", "--storage-url",
+    for option in ("--id", "--data-dir", "--grpc", "--raft", "--client-addr", "--cql", "--peers", "--shards", "--storage-url",
                    "--raft-secret-file"):
         parser.add_argument(option)
     parser.add_argument("--enable-injections", action="store_true")

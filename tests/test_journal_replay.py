@@ -12,7 +12,8 @@ from coordinator.core.state import Group0State
 
 FIXTURE = Path(__file__).parent / "fixtures" / "group0_journal_v1.json"
 # Fields of the state's records added since the fixture was recorded, with their defaults: left out when default
-ADDED_FIELDS = {"Task": {"repair": False, "staged_through": 0, "staged_rows": 0}, "TabletTransition": {"deaths_at_start": 0}}
+ADDED_FIELDS = {"Task": {"repair": False, "staged_through": 0, "staged_rows": 0}, "TabletTransition": {"deaths_at_start": 0},
+                "Node": {"cql": ""}}
 # State fields renamed since: the fixture's name -> (the name now, the recorded value in today's form)
 RENAMED_FIELDS = {"processing_base": ("processing_bases", lambda base: [] if base is None else [base])}
 

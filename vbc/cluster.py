@@ -138,8 +138,8 @@ def default_launcher() -> list[str]:
 
 def node_layout(data_dir: Path, count: int, base_port: int | None = None) -> list[dict]:
     """Node records n1..nN: grpc = P + 2(i-1), raft = P + 2(i-1) + 1, client (password logins) = P + 2N + (i-1),
-    data in DIR/nI."""
-    ports = allocate_ports(3 * count, base_port)
+    cql (CQL's native protocol) = P + 3N + (i-1), data in DIR/nI."""
+    ports = allocate_ports(4 * count, base_port)
     nodes = []
     for index in range(count):
         node_dir = data_dir / f"n{index + 1}"
@@ -148,11 +148,17 @@ def node_layout(data_dir: Path, count: int, base_port: int | None = None) -> lis
             "grpc": f"{HOST}:{ports[2 * index]}",
             "raft": f"{HOST}:{ports[2 * index + 1]}",
             "client": f"{HOST}:{ports[2 * count + index]}",
+            "cql": f"{HOST}:{ports[3 * count + index]}",
             "pid": None,
             "data_dir": str(node_dir),
             "log": str(node_dir / LOG_NAME),
         })
     return nodes
+
+
+def cql_argument(node: dict) -> list[str]:
+    """`--cql HOST:PORT` of a node record that has a CQL port (records written before there was one have none)."""
+    return ["--cql", node["cql"]] if node.get("cql") else []
 
 
 def peers_argument(node: dict, nodes: Iterable[dict]) -> str:
@@ -164,8 +170,8 @@ def node_command(node: dict, nodes: list[dict], shards: int, storage_url: str | 
                  injections: bool = True, spark_prestart: bool = True, secret_file: Path | None = None,
                  insecure: bool = False, spark_options: Sequence[str] = ()) -> list[str]:
     command = [*launcher, "node", "start", "--id", node["id"], "--data-dir", node["data_dir"],
-               "--grpc", node["grpc"], "--raft", node["raft"], "--client-addr", node["client"], "--shards", str(shards),
-               *spark_options]
+               "--grpc", node["grpc"], "--raft", node["raft"], "--client-addr", node["client"], *cql_argument(node),
+               "--shards", str(shards), *spark_options]
     peers = peers_argument(node, nodes)
     if peers:
         command += ["--peers", peers]
@@ -579,7 +585,7 @@ def reuse_cluster(data_dir: Path, count: int, shards: int, base_port: int | None
         raise ClusterError(f"{data_dir} holds a cluster on base port {cluster['base_port']}; "
                            f"drop --base-port or use a new --data-dir")
     for node in cluster["nodes"]:
-        for role in ("grpc", "raft", "client"):
+        for role in ("grpc", "raft", "client", "cql"):
             if role not in node:
                 continue
             port = int(node[role].rsplit(":", 1)[1])
@@ -689,7 +695,7 @@ def start_node(data_dir: Path | str, node_id: str, timeout: float = START_TIMEOU
         node = find_node(cluster, node_id)
         if running_pid(node):
             raise ClusterError(f"{node_id} is already running (pid {node['pid']})")
-        for role in ("grpc", "raft", "client"):
+        for role in ("grpc", "raft", "client", "cql"):
             if role not in node:
                 continue
             port = int(node[role].rsplit(":", 1)[1])
@@ -730,7 +736,8 @@ def add_node(data_dir: Path | str, shards: int | None = None, timeout: float = S
         launcher = template[:template.index("node")]
         node["command"] = [*launcher, "node", "start", "--id", node["id"], "--data-dir", node["data_dir"],
                            "--grpc", node["grpc"], "--raft", node["raft"], "--client-addr", node["client"],
-                           "--shards", str(shards or cluster.get("shards", 1)), *cluster.get("spark_options", ()),
+                           *cql_argument(node), "--shards", str(shards or cluster.get("shards", 1)),
+                           *cluster.get("spark_options", ()),
                            "--join", ",".join(n["grpc"] for n in cluster["nodes"])]
         if cluster.get("storage_url"):
             node["command"] += ["--storage-url", cluster["storage_url"].replace(NODE_PLACEHOLDER, node["id"])]
@@ -756,10 +763,10 @@ def _next_node(data_dir: Path, cluster: dict) -> dict:
     """The record of the next node: the first unused id nK, two free ports, its data dir."""
     used = {n["id"] for n in cluster["nodes"]} | set(cluster.get("removed_nodes", []))
     index = next(i for i in range(1, len(used) + 2) if f"n{i}" not in used)
-    grpc_port, raft_port, client_port = allocate_ports(3)
+    grpc_port, raft_port, client_port, cql_port = allocate_ports(4)
     node_dir = data_dir / f"n{index}"
     return {"id": f"n{index}", "grpc": f"{HOST}:{grpc_port}", "raft": f"{HOST}:{raft_port}",
-            "client": f"{HOST}:{client_port}", "pid": None,
+            "client": f"{HOST}:{client_port}", "cql": f"{HOST}:{cql_port}", "pid": None,
             "data_dir": str(node_dir), "log": str(node_dir / LOG_NAME)}
 
 

@@ -58,6 +58,7 @@ class RegisterNode(Command):
     grpc: str
     raft: str
     shards: int
+    cql: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ class Node:
     raft: str
     shards: int
     state: str = NODE_NORMAL
+    cql: str = ""  # HOST:PORT of its CQL native protocol server ("": it serves none)
 
 
 @dataclass(frozen=True)

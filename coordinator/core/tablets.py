@@ -4,6 +4,7 @@ Owns the `nodes` and `tablets` fields of Group0State.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ def register_node(state: Group0State, cmd: RegisterNode) -> None:
         raise FailedPrecondition(removed_message(cmd.node_id))
     known = state.nodes.get(cmd.node_id)
     node = Node(check_name("node", cmd.node_id), cmd.grpc, cmd.raft, cmd.shards,
-                known.state if known is not None else NODE_NORMAL)
+                known.state if known is not None else NODE_NORMAL, cmd.cql)
     used = [r.shard for m in state.tablets.values() for rs in m.replicas for r in rs if r.node == node.id]
     if used and max(used) >= node.shards:
         raise FailedPrecondition(
@@ -81,8 +82,7 @@ def decommission_node(state: Group0State, cmd: DecommissionNode) -> str:
         raise FailedPrecondition(f"node {node.id} holds the only replica of {len(stranded)} tablet(s) ({shown}): its "
                                  "rows would be lost; bring the node back and decommission it instead, or raise the RF "
                                  "first")
-    state.nodes[node.id] = Node(node.id, node.grpc, node.raft, node.shards,
-                                NODE_REMOVING if cmd.dead else NODE_LEAVING)
+    state.nodes[node.id] = dataclasses.replace(node, state=NODE_REMOVING if cmd.dead else NODE_LEAVING)
     state.deaths_declared += cmd.dead
     if cmd.dead:
         staging.forget_node_staging(state, node.id)

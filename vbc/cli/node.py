@@ -31,6 +31,9 @@ def add_node_start_parser(node_commands) -> None:
     start.add_argument("--raft", required=True, type=host_port, metavar="HOST:PORT", help="Raft address")
     start.add_argument("--client-addr", type=host_port, metavar="HOST:PORT",
                        help="a second gRPC port for password logins (`--user`): TLS without client certificates")
+    start.add_argument("--cql", type=host_port, metavar="HOST:PORT",
+                       help="serve CQL's native protocol (v4: cqlsh, the Cassandra and ScyllaDB drivers) here: TLS "
+                            "with the node's certificate, password logins")
     start.add_argument("--peers", type=parse_peers, default={}, metavar="ID=GRPC/RAFT,...", help="the other nodes")
     start.add_argument("--shards", type=positive_int, default=1, metavar="N")
     start.add_argument("--storage-url", type=storage_url, metavar="URL",
@@ -111,7 +114,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     if args.spark_master and args.spark_remote:
         raise UsageError("--spark-master and --spark-remote are alternatives: the jobs run in a driver of this node's, "
                          "or through a Spark Connect server")
-    addresses = [args.grpc, args.raft] + ([args.client_addr] if args.client_addr else [])
+    addresses = [args.grpc, args.raft] + [a for a in (args.client_addr, args.cql) if a]
     addresses += [a for peer in args.peers.values() for a in peer]
     if len(set(addresses)) != len(addresses):
         raise UsageError("every --grpc, --raft and peer address must be distinct")
@@ -147,7 +150,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     args.data_dir.mkdir(parents=True, exist_ok=True)
     config = NodeConfig(node_id=args.id, data_dir=args.data_dir, grpc_addr=args.grpc, raft_addr=args.raft,
                         peers=peers, shards=args.shards, storage_url=args.storage_url, raft_password=secret,
-                        insecure=args.insecure, certs_dir=args.certs_dir, client_addr=args.client_addr,
+                        insecure=args.insecure, certs_dir=args.certs_dir, client_addr=args.client_addr, cql_addr=args.cql,
                         metrics_addr=args.metrics, metrics_tls=args.metrics_tls, spark_memory=args.spark_memory,
                         limits=node_limits(args), enable_injections=args.enable_injections,
                         spark_prestart=args.spark_prestart,

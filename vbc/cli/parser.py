@@ -14,6 +14,7 @@ from vbc.cli.build import add_build_parsers
 from vbc.cli.certs import add_certs_parser
 from vbc.cli.cluster import add_cluster_parser
 from vbc.cli.common import UsageError, named_addresses
+from vbc.cli.cql_shell import add_cql_parser
 from vbc.cli.data import add_exec_parser, add_load_parser
 from vbc.cli.node import add_node_parser
 from vbc.cli.status import add_check_parser, add_status_parser, add_wait_built_parser
@@ -34,6 +35,7 @@ def add_client_parsers(commands) -> None:
     """The commands that talk to a running cluster, in the order `vbc --help` lists them."""
     target = target_options()
     add_exec_parser(commands, target)
+    add_cql_parser(commands)
     add_load_parser(commands, target)
     add_status_parser(commands, target)
     add_tablets_parsers(commands, target)

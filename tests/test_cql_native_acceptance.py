@@ -1,0 +1,183 @@
+"""CQL's native protocol on real nodes, driven by the Python driver (cassandra-driver): TLS and password logins, the
+system tables the driver reads on connect, DDL, writes, prepared statements, batches, paging over 3 nodes, USE, a
+view and an index, roles, and frames that break the protocol."""
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+
+import pytest
+from cassandra import AuthenticationFailed, InvalidRequest, Unauthorized
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+from cassandra.policies import RoundRobinPolicy
+from cassandra.query import BatchStatement, SimpleStatement
+
+from tests.cluster_harness import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+ROOT_PASSWORD = "root's own, given"
+
+
+def tls_context(cluster: LocalCluster) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(str(cluster.data_dir / "credentials" / "ca.crt"))
+    context.check_hostname = False  # the node's certificate names 127.0.0.1 and localhost; the driver passes no name
+    return context
+
+
+def cql_port(cluster: LocalCluster, node: str = "n1") -> int:
+    return int(cluster.node(node)["cql"].rsplit(":", 1)[1])
+
+
+def connect(cluster: LocalCluster, user: str = "root", password: str = ROOT_PASSWORD, node: str = "n1") -> Cluster:
+    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60)
+    return Cluster(["127.0.0.1"], port=cql_port(cluster, node), ssl_context=tls_context(cluster),
+                   auth_provider=PlainTextAuthProvider(user, password), protocol_version=4,
+                   execution_profiles={EXEC_PROFILE_DEFAULT: profile}, connect_timeout=20,
+                   control_connection_timeout=20)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(nodes=3, secure=True, root_password=ROOT_PASSWORD) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def session(cluster):
+    driver = connect(cluster)
+    try:
+        yield driver.connect()
+    finally:
+        driver.shutdown()
+
+
+def test_the_driver_logs_in_over_tls_and_finds_every_node_from_the_system_tables(cluster, session):
+    hosts = session.cluster.metadata.all_hosts()
+    assert sorted(h.endpoint.port for h in hosts) == sorted(cql_port(cluster, n) for n in ("n1", "n2", "n3"))
+    assert all(h.is_up for h in hosts)
+    local = session.execute("SELECT cluster_name, release_version, partitioner FROM system.local WHERE key='local'").one()
+    assert local.release_version.startswith("4.") and local.partitioner == "vbc.TabletPartitioner"
+    assert session.cluster.metadata.token_map is None  # an unknown partitioner: no token-aware routing
+
+
+def test_statements_prepared_statements_batches_and_use(cluster, session):
+    session.execute("CREATE KEYSPACE cq WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 2}")
+    session.execute("CREATE TABLE cq.t (k int, c int, v text, d double, b boolean, PRIMARY KEY (k, c))")
+    assert "t" in session.cluster.metadata.keyspaces["cq"].tables  # the driver's schema metadata from system_schema
+    table = session.cluster.metadata.keyspaces["cq"].tables["t"]
+    assert [c.name for c in table.partition_key] == ["k"] and [c.name for c in table.clustering_key] == ["c"]
+
+    session.execute("INSERT INTO cq.t (k, c, v, d, b) VALUES (1, 1, 'one', 1.5, true)")
+    insert = session.prepare("INSERT INTO cq.t (k, c, v, d, b) VALUES (?, ?, ?, ?, ?)")
+    for k in range(2, 6):
+        session.execute(insert, (k, k, f"v{k}", k / 2, k % 2 == 0))
+    batch = BatchStatement()
+    batch.add(insert, (6, 6, "six", 3.0, True))
+    batch.add(SimpleStatement("UPDATE cq.t SET v = 'uno' WHERE k = 1 AND c = 1"))
+    session.execute(batch)
+
+    select = session.prepare("SELECT v, d, b FROM cq.t WHERE k = ? AND c = ?")
+    assert select.routing_key_indexes == [0]  # the partition key's position among the bind markers
+    row = session.execute(select, (6, 6)).one()
+    assert (row.v, row.d, row.b) == ("six", 3.0, True)
+    assert session.execute(select, (1, 1)).one().v == "uno"
+
+    session.execute("USE cq")
+    assert session.keyspace == "cq"
+    assert sorted(r.k for r in session.execute("SELECT k FROM t")) == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(InvalidRequest, match="keyspace"):
+        session.execute("USE nowhere")
+
+
+def test_paging_over_three_nodes(cluster, session):
+    session.execute("CREATE KEYSPACE pg WITH replication = {'replication_factor': 3} AND tablets = {'initial': 4}")
+    session.execute("CREATE TABLE pg.t (k int PRIMARY KEY, v text)")
+    insert = session.prepare("INSERT INTO pg.t (k, v) VALUES (?, ?)")
+    for k in range(250):
+        session.execute(insert, (k, str(k)))
+    result = session.execute(SimpleStatement("SELECT k, v FROM pg.t", fetch_size=40))
+    pages = 1
+    first = list(result.current_rows)
+    assert len(first) == 40 and result.has_more_pages
+    rows = first
+    while result.has_more_pages:
+        result.fetch_next_page()
+        rows += result.current_rows
+        pages += 1
+    assert sorted(r.k for r in rows) == list(range(250)) and pages >= 7
+
+
+def test_a_view_is_built_and_read_and_an_index_serves_a_base_query(cluster, session):
+    session.execute("CREATE KEYSPACE mv WITH replication = {'replication_factor': 2}")
+    session.execute("CREATE TABLE mv.t (k int PRIMARY KEY, a int, v text)")
+    insert = session.prepare("INSERT INTO mv.t (k, a, v) VALUES (?, ?, ?)")
+    for k in range(60):
+        session.execute(insert, (k, k % 6, f"v{k}"))
+    session.execute("CREATE MATERIALIZED VIEW mv.by_a AS SELECT * FROM mv.t WHERE a IS NOT NULL AND k IS NOT NULL "
+                    "PRIMARY KEY (a, k)")
+    session.execute("CREATE INDEX v_idx ON mv.t (v)")
+    cluster.wait_view_built("mv.by_a", timeout=120)
+    cluster.wait_view_built("mv.v_idx", timeout=120)
+    assert sorted(r.k for r in session.execute("SELECT k FROM mv.by_a WHERE a = 3")) == list(range(3, 60, 6))
+    assert [r.k for r in session.execute("SELECT k FROM mv.t WHERE v = 'v17'")] == [17]
+    metadata = session.cluster.metadata.keyspaces["mv"]
+    assert "by_a" in metadata.views and "v_idx" in metadata.tables["t"].indexes
+
+
+def test_roles_a_refused_grant_and_a_wrong_password(cluster, session):
+    session.execute("CREATE KEYSPACE rk WITH replication = {'replication_factor': 1}")
+    session.execute("CREATE TABLE rk.t (k int PRIMARY KEY, v text)")
+    session.execute("INSERT INTO rk.t (k, v) VALUES (1, 'one')")
+    session.execute("CREATE ROLE bob WITH PASSWORD = 'b0b-secret' AND LOGIN = true")
+    session.execute("GRANT SELECT ON KEYSPACE rk TO bob")
+    bob = connect(cluster, "bob", "b0b-secret", node="n2")
+    try:
+        as_bob = bob.connect()
+        assert [r.v for r in as_bob.execute("SELECT v FROM rk.t WHERE k = 1")] == ["one"]
+        with pytest.raises(Unauthorized, match="MODIFY"):
+            as_bob.execute("INSERT INTO rk.t (k, v) VALUES (2, 'two')")
+        with pytest.raises(Unauthorized):
+            as_bob.execute("GRANT MODIFY ON KEYSPACE rk TO bob")
+    finally:
+        bob.shutdown()
+    wrong = connect(cluster, "bob", "not it")
+    try:
+        with pytest.raises(NoHostAvailable) as refused:
+            wrong.connect()
+        assert any(isinstance(e, AuthenticationFailed) for e in refused.value.errors.values())
+    finally:
+        wrong.shutdown()
+
+
+def raw_connection(cluster: LocalCluster) -> ssl.SSLSocket:
+    sock = socket.create_connection(("127.0.0.1", cql_port(cluster)), timeout=20)
+    return tls_context(cluster).wrap_socket(sock)
+
+
+def read_frame(sock: ssl.SSLSocket) -> tuple[int, bytes]:
+    header = b""
+    while len(header) < 9:
+        header += sock.recv(9 - len(header))
+    _, _, _, opcode, length = struct.unpack(">BBhBi", header)
+    body = b""
+    while len(body) < length:
+        body += sock.recv(length - len(body))
+    return opcode, body
+
+
+def test_a_malformed_and_an_oversized_frame_close_their_connection_and_the_node_goes_on(cluster, session):
+    malformed = raw_connection(cluster)
+    malformed.sendall(struct.pack(">BBhBi", 4, 0, 1, 0x01, 3) + b"\x00\x05x")  # STARTUP with a broken string map
+    opcode, body = read_frame(malformed)
+    assert opcode == 0x00 and struct.unpack(">i", body[:4])[0] == 0x000A
+    assert malformed.recv(1) == b""  # closed by the node
+    oversized = raw_connection(cluster)
+    oversized.sendall(struct.pack(">BBhBi", 4, 0, 2, 0x05, 512 * 1024 * 1024))
+    opcode, body = read_frame(oversized)
+    assert opcode == 0x00 and b"limit" in body
+    assert oversized.recv(1) == b""
+    assert session.execute("SELECT key FROM system.local WHERE key='local'").one().key == "local"
