@@ -118,6 +118,8 @@ class NativeStatements:
             return native.void(stream)
         keyspace, table = _result_table(statement)
         columns = tuple(native.Column(keyspace, table, name, kind) for name, kind in result.columns)
+        if result.arrow is not None and not result.rows:
+            return native.rows_from_arrow(stream, columns, result.arrow, result.paging_state or None)
         return native.rows(stream, native.Rows(columns, [tuple(row) for row in result.row_values()],
                                                result.paging_state or None))
 

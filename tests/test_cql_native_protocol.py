@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,6 +118,21 @@ def test_the_driver_reads_our_rows_with_their_types_and_paging_state(rows, pagin
     assert message.column_names == ["k", "name", "score", "flag", "big"]
     assert [tuple(row) for row in message.parsed_rows] == rows
     assert message.paging_state == paging_state
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.tuples(st.none() | st.integers(-(2**31), 2**31 - 1), st.none() | st.text(max_size=8),
+                               st.none() | st.floats(allow_nan=False), st.none() | st.booleans(),
+                               st.none() | st.integers(-(2**63), 2**63 - 1)), max_size=12),
+       start=st.integers(0, 3), paging_state=st.none() | st.binary(min_size=1, max_size=12))
+def test_rows_laid_out_from_arrow_columns_are_the_rows_of_the_row_by_row_encoder(rows, start, paging_state):
+    columns = tuple(native.Column("ks", "t", name, kind) for name, kind in
+                    (("k", "int"), ("name", "text"), ("score", "double"), ("flag", "boolean"), ("big", "bigint")))
+    types = (pa.int32(), pa.string(), pa.float64(), pa.bool_(), pa.int64())
+    batch = pa.RecordBatch.from_arrays([pa.array([row[i] for row in rows], kind) for i, kind in enumerate(types)],
+                                       names=[c.name for c in columns]).slice(min(start, len(rows)))
+    expected = native.rows(STREAM, native.Rows(columns, [tuple(r.values()) for r in batch.to_pylist()], paging_state))
+    assert native.rows_from_arrow(STREAM, columns, batch, paging_state) == expected
 
 
 def test_frames_and_bodies_that_break_the_protocol_are_refused():
