@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from .ast import BindMarker, Statement
+from .ast import Batch, BindMarker, Insert, Statement, Update
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset()  # a bound value the client left unset: the column keeps what it holds (CQL protocol v4)
 
 
 class BindError(ValueError):
@@ -47,4 +55,29 @@ def bind(statement: Statement, values: list | tuple) -> Statement:
         raise BindError(f"the statement has {len(found)} bind marker(s) (?) but {len(values)} value(s) were given")
     if not found:
         return statement
-    return _replace(statement, {m.position: v for m, v in zip(found, values)})
+    bound = _without_unset(_replace(statement, {m.position: v for m, v in zip(found, values)}))
+    if any(value is UNSET for value in _values(bound)):
+        raise BindError("an unset value (UNSET) can only stand for a column's new value in INSERT or UPDATE, not in "
+                        "WHERE or USING")
+    return bound
+
+
+def _without_unset(statement: Statement) -> Statement:
+    """INSERT columns and UPDATE assignments whose value was left unset are not written."""
+    if isinstance(statement, Batch):
+        return dataclasses.replace(statement, statements=tuple(_without_unset(s) for s in statement.statements))
+    if isinstance(statement, Insert) and any(v is UNSET for v in statement.values):
+        kept = [(c, v) for c, v in zip(statement.columns, statement.values) if v is not UNSET]
+        return dataclasses.replace(statement, columns=tuple(c for c, _ in kept), values=tuple(v for _, v in kept))
+    if isinstance(statement, Update) and any(v is UNSET for _, v in statement.assignments):
+        return dataclasses.replace(statement, assignments=tuple((c, v) for c, v in statement.assignments
+                                                                if v is not UNSET))
+    return statement
+
+
+def _values(node: object) -> list:
+    if dataclasses.is_dataclass(node):
+        return [v for f in dataclasses.fields(node) for v in _values(getattr(node, f.name))]
+    if isinstance(node, (tuple, list)):
+        return [v for item in node for v in _values(item)]
+    return [node]

@@ -13,6 +13,7 @@ from replica.read_path import ReadCoordinator
 from replica.write_path import TableDropped, WriteCoordinator
 
 from . import BindError, ast, bind, parse
+from .binding import UNSET
 from .authorization import StatementAuthorization
 from .catalog import Catalog, Group0Client, keyspace_of
 from .columnar import ArrowValues, NotColumnar
@@ -171,7 +172,7 @@ class Executor:
                 except NotColumnar:
                     pass
             params = params.rows()
-        if isinstance(statement, ast.Insert) and params:
+        if isinstance(statement, ast.Insert) and params and not any(v is UNSET for row in params for v in row):
             return self._writes.run_insert_values(statement, params, timestamp)
         return self._writes.run(_bound(statement, params), timestamp)
 

@@ -59,6 +59,7 @@ class NativeConnection:
         self._started = False
         self._principal: object | None = None
         self._authenticated = False
+        self.registered: set[str] = set()  # the event types (SCHEMA_CHANGE, TOPOLOGY_CHANGE, ...) pushed to it
         self._in_flight: set[int] = set()
         self._closed = False
 
@@ -113,6 +114,7 @@ class NativeConnection:
             return Send(native.error(stream, native.PROTOCOL_ERROR,
                                      "the connection is not authenticated yet: send STARTUP, then AUTH_RESPONSE"))
         if isinstance(request, native.Register):
+            self.registered |= set(request.events)
             return Send(native.ready(stream))
         self._in_flight.add(stream)
         return Run(stream, request, self._principal)

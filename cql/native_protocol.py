@@ -455,6 +455,19 @@ def schema_change(stream: int, change: str, target: str, keyspace: str, name: st
     return response_frame(stream, RESULT, int_(_SCHEMA_CHANGE) + string(change) + string(target) + options)
 
 
+def schema_change_event(change: str, target: str, keyspace: str, name: str | None = None) -> bytes:
+    """A pushed EVENT (stream -1) of a schema change made anywhere in the cluster."""
+    body = string("SCHEMA_CHANGE") + string(change) + string(target) + string(keyspace)
+    return response_frame(-1, EVENT, body + (b"" if name is None else string(name)))
+
+
+def topology_change_event(change: str, host: str, port: int) -> bytes:
+    """A pushed EVENT of a node that joined (NEW_NODE) or left (REMOVED_NODE), by its CQL address."""
+    address = ipaddress.ip_address(host).packed
+    return response_frame(-1, EVENT, string("TOPOLOGY_CHANGE") + string(change) + bytes([len(address)]) + address
+                          + int_(port))
+
+
 def _one_table(columns: tuple[Column, ...]) -> bool:
     return bool(columns) and len({(c.keyspace, c.table) for c in columns}) == 1
 

@@ -267,3 +267,45 @@ _TABLES = {
     ("system_virtual_schema", "tables"): _SystemTable(_NAME_COLUMNS, _none, keys=2),
     ("system_virtual_schema", "columns"): _SystemTable((*_NAME_COLUMNS, ("column_name", "text")), _none, keys=3),
 }
+
+
+# ------------------------------------------------------------------ pushed events
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What drivers are told about when it changes: keyspaces, tables (views and indexes as their base's), nodes."""
+
+    keyspaces: tuple[tuple[str, int], ...]
+    tables: tuple[tuple[tuple[str, str], tuple], ...]
+    nodes: tuple[tuple[str, tuple[str, int]], ...]
+
+
+def shape(state: Group0State) -> Shape:
+    tables = {}
+    for table in _user_tables(state):
+        owner = state.tables.get(table.view.base_id) if table.view is not None and table.view.is_index else table
+        if owner is not None:
+            key = (owner.keyspace, owner.name)
+            tables[key] = tables.get(key, ()) + ((table.name, table.columns, table.partition_key, table.clustering_key),)
+    nodes = {node.id: _native_address(node) for node in state.nodes.values() if node.state == NODE_NORMAL}
+    return Shape(tuple(sorted((k.name, k.rf) for k in state.keyspaces.values())), tuple(sorted(tables.items())),
+                 tuple(sorted((node, address) for node, address in nodes.items() if address is not None)))
+
+
+def events(before: Shape, after: Shape) -> list[tuple]:
+    """The EVENTs between two shapes: ("SCHEMA_CHANGE", change, target, keyspace[, name]) and ("TOPOLOGY_CHANGE",
+    change, host, port), dropped objects after created and updated ones."""
+    found = [("SCHEMA_CHANGE", change, "KEYSPACE", name) for change, name, _ in _changed(before.keyspaces,
+                                                                                          after.keyspaces)]
+    found += [("SCHEMA_CHANGE", change, "TABLE", *name) for change, name, _ in _changed(before.tables, after.tables)]
+    found += [("TOPOLOGY_CHANGE", "NEW_NODE" if change == "CREATED" else "REMOVED_NODE", *address)
+              for change, _, address in _changed(before.nodes, after.nodes) if change != "UPDATED"]
+    return sorted(found, key=lambda event: event[1] == "DROPPED")
+
+
+def _changed(before: tuple, after: tuple) -> list[tuple[str, object, object]]:
+    old, new = dict(before), dict(after)
+    return ([("CREATED", key, value) for key, value in new.items() if key not in old]
+            + [("UPDATED", key, value) for key, value in new.items() if key in old and old[key] != value]
+            + [("DROPPED", key, value) for key, value in old.items() if key not in new])

@@ -12,6 +12,7 @@ from coordinator.core import errors
 from coordinator.core.auth import Principal
 from coordinator.core.state import Group0State
 from cql import ast, native_protocol as native, parse, system_tables
+from cql.binding import UNSET
 from cql.executor import Executor
 from cql.keyspaces import in_keyspace
 from cql.native_connection import Run
@@ -155,8 +156,8 @@ def _decoded(prepared: Prepared, values: tuple) -> list:
     decoded = []
     for column, value in zip(columns, values):
         if value is native.UNSET:
-            raise errors.InvalidArgument(f"no value was set for {column.name}: unset values are not supported, bind "
-                                         "every marker (null to clear a column)")
+            decoded.append(UNSET)
+            continue
         try:
             decoded.append(native.decode_value(column.type, value))
         except (native.ProtocolError, KeyError) as error:

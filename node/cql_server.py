@@ -42,7 +42,7 @@ class CqlServer:
                                               family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.port = self._listener.getsockname()[1]
         self._pool = futures.ThreadPoolExecutor(max_workers=STATEMENT_THREADS, thread_name_prefix="cql")
-        self._connections: set[socket.socket] = set()
+        self._connections: dict[socket.socket, _Connection] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._accepting = threading.Thread(target=self._accept, name="cql-accept", daemon=True)
@@ -54,9 +54,9 @@ class CqlServer:
         self._stopping.set()
         self._listener.close()
         with self._lock:
-            connections = list(self._connections)
-        for connection in connections:
-            _close(connection)
+            sockets = list(self._connections)
+        for sock in sockets:
+            _close(sock)
         self._accepting.join(timeout=5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -76,18 +76,26 @@ class CqlServer:
             log.info("CQL connection from %s refused during the TLS handshake: %s", peer[0], error)
             _close(sock)
             return
+        connection = _Connection(sock, self._protocol_state(peer[0]), self._statements, self._pool)
         with self._lock:
-            self._connections.add(sock)
+            self._connections[sock] = connection
             self._on_connections(len(self._connections))
         try:
-            _Connection(sock, self._protocol_state(peer[0]), self._statements, self._pool).serve()
+            connection.serve()
         except OSError:
             pass  # the client went away
         finally:
             _close(sock)
             with self._lock:
-                self._connections.discard(sock)
+                self._connections.pop(sock, None)
                 self._on_connections(len(self._connections))
+
+    def push(self, event_type: str, frame: bytes) -> None:
+        """Send an EVENT to every connection registered for `event_type` (REGISTER)."""
+        with self._lock:
+            connections = list(self._connections.values())
+        for connection in connections:
+            connection.push(event_type, frame)
 
     def _secured(self, sock: socket.socket) -> socket.socket:
         if self._ssl is None:
@@ -147,6 +155,15 @@ class _Connection:
             with self._room:
                 self._state.answered(run.stream)
                 self._room.notify_all()
+
+    def push(self, event_type: str, frame: bytes) -> None:
+        with self._room:
+            wanted = event_type in self._state.registered
+        if wanted:
+            try:
+                self._send(frame)
+            except OSError:
+                pass  # the client went away: its reader ends the connection
 
     def _send(self, frame: bytes) -> None:
         with self._send_lock:

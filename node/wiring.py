@@ -38,6 +38,7 @@ from coordinator.raft import Group0, Group0Unavailable, StateMachineError, secre
 from coordinator.tablet_migration import MigrationCalls, MigrationDriver
 from coordinator.view_building import ViewBuildingLoop
 from cql.executor import Executor
+from cql import native_protocol as native, system_tables
 from cql.system_tables import Asker
 from cql.limits import Limits
 from replica.inflight import InflightWrites
@@ -220,6 +221,7 @@ class Node:
         self._sessions = OpenCalls(CLIENT_SESSIONS)
         self._server = self._build_server()
         self._cql = self._build_cql_server() if config.cql_addr else None
+        self._cql_shape: system_tables.Shape | None = None
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
 
@@ -444,8 +446,21 @@ class Node:
                     self.local.drop_dropped_tables()
                     self.local.create_new_tables()
                     seen_version = version
+                self._push_cql_events()
             except Exception:  # noqa: BLE001 - keep watching; the next schema change retries
                 log.exception("creating or dropping the storage of tables failed; will retry")
+
+    def _push_cql_events(self) -> None:
+        """Tell the CQL connections that asked (REGISTER) what changed in the schema and the nodes since last time."""
+        if self._cql is None:
+            return
+        shape = self.group0.read(system_tables.shape)
+        if self._cql_shape is not None:
+            for event in system_tables.events(self._cql_shape, shape):
+                frame = (native.schema_change_event(*event[1:]) if event[0] == "SCHEMA_CHANGE"
+                         else native.topology_change_event(*event[1:]))
+                self._cql.push(event[0], frame)
+        self._cql_shape = shape
 
     def _follow_tasks(self) -> None:
         try:

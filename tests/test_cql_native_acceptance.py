@@ -3,9 +3,13 @@ system tables the driver reads on connect, DDL, writes, prepared statements, bat
 view and an index, roles, and frames that break the protocol."""
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from cassandra import AuthenticationFailed, InvalidRequest, Unauthorized
@@ -14,7 +18,7 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, N
 from cassandra.policies import RoundRobinPolicy
 from cassandra.query import BatchStatement, SimpleStatement
 
-from tests.cluster_harness import LocalCluster
+from tests.cluster_harness import LocalCluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -181,3 +185,91 @@ def test_a_malformed_and_an_oversized_frame_close_their_connection_and_the_node_
     assert opcode == 0x00 and b"limit" in body
     assert oversized.recv(1) == b""
     assert session.execute("SELECT key FROM system.local WHERE key='local'").one().key == "local"
+
+
+SCYLLA_DRIVER = Path(sys.executable).parent.parent / "scylla-driver"
+SCYLLA_SCRIPT = """
+import ssl, sys
+import cassandra
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import Cluster
+from cassandra.query import SimpleStatement
+assert "scylla-driver" in cassandra.__file__, cassandra.__file__
+port, ca, password = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+context.load_verify_locations(ca)
+context.check_hostname = False
+cluster = Cluster(["127.0.0.1"], port=port, ssl_context=context, protocol_version=4,
+                  auth_provider=PlainTextAuthProvider("root", password))
+session = cluster.connect()
+session.execute("CREATE KEYSPACE sd WITH replication = {'class': 'NetworkTopologyStrategy', 'datacenter1': 2}")
+session.execute("USE sd")
+session.execute("CREATE TABLE t (k int, c int, v text, PRIMARY KEY (k, c))")
+insert = session.prepare("INSERT INTO t (k, c, v) VALUES (?, ?, ?)")
+for i in range(120):
+    session.execute(insert, (i % 7, i, str(i)))
+rows = list(session.execute(SimpleStatement("SELECT k, c, v FROM t", fetch_size=25)))
+print(len(rows), len(cluster.metadata.all_hosts()), session.execute("SELECT v FROM t WHERE k = 3 AND c = 10").one().v)
+cluster.shutdown()
+"""
+
+
+def test_scyllas_driver_connects_writes_and_pages_through_every_node(cluster, tmp_path):
+    script = tmp_path / "scylla_client.py"
+    script.write_text(SCYLLA_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(cql_port(cluster, "n3")),
+                           str(cluster.data_dir / "credentials" / "ca.crt"), ROOT_PASSWORD],
+                          env={**os.environ, "PYTHONPATH": str(SCYLLA_DRIVER)}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["120", "3", "10"]
+
+
+def test_cqlsh_runs_statements_describes_and_copies_to_a_file(cluster, session, tmp_path):
+    session.execute("CREATE KEYSPACE sh WITH replication = {'replication_factor': 2}")
+    session.execute("CREATE TABLE sh.t (k int PRIMARY KEY, v text)")
+    for k in range(30):
+        session.execute("INSERT INTO sh.t (k, v) VALUES (%s, %s)", (k, f"v{k}"))
+    vbc_cql = [sys.executable, "-m", "vbc", "cql", "--cluster", str(cluster.data_dir), "--"]
+    described = subprocess.run([*vbc_cql, "-e", "DESCRIBE KEYSPACE sh; SELECT * FROM sh.t WHERE k = 7"],
+                               capture_output=True, text=True, timeout=120)
+    assert described.returncode == 0, described.stderr
+    assert "CREATE TABLE sh.t (" in described.stdout and "v7" in described.stdout
+    out = tmp_path / "t.csv"
+    copied = subprocess.run([*vbc_cql, "-e", f"COPY sh.t TO '{out}'"], capture_output=True, text=True, timeout=120)
+    assert copied.returncode == 0, copied.stderr
+    assert sorted(line.split(",")[0] for line in out.read_text().splitlines()) == sorted(str(k) for k in range(30))
+    statements = [r.create_statement for r in session.execute("DESCRIBE KEYSPACE sh")]
+    session.execute("DROP KEYSPACE sh")
+    for statement in statements:  # what DESCRIBE wrote makes the schema again
+        session.execute(statement)
+    assert session.cluster.metadata.keyspaces["sh"].tables["t"].primary_key[0].name == "k"
+
+
+def test_a_killed_node_the_driver_fails_over_and_the_application_goes_on(tmp_path):
+    with LocalCluster(nodes=3, secure=True, root_password=ROOT_PASSWORD, spark_prestart=False) as three:
+        driver = connect(three, node="n1")
+        try:
+            session = driver.connect()
+            session.execute("CREATE KEYSPACE fo WITH replication = {'replication_factor': 3}")
+            session.execute("CREATE TABLE fo.t (k int PRIMARY KEY, v int)")
+            insert = session.prepare("INSERT INTO fo.t (k, v) VALUES (?, ?)")
+            select = session.prepare("SELECT v FROM fo.t WHERE k = ?")
+            for k in range(50):
+                session.execute(insert, (k, k))
+            three.stop_node("n1", kill=True)  # the driver's first contact and control connection
+            read = [session.execute(select, (k % 50,)).one().v for k in range(200)]
+            assert read == [k % 50 for k in range(200)]
+            three.start_node("n1")
+            wait_until(lambda: written(session, insert, 1000), timeout=60, message="writes succeed again")
+            assert session.execute(select, (1000,)).one().v == 1000
+        finally:
+            driver.shutdown()
+
+
+def written(session, insert, k: int) -> bool:
+    try:
+        session.execute(insert, (k, k))
+        return True
+    except Exception:  # noqa: BLE001 - UNAVAILABLE until every replica is back
+        return False

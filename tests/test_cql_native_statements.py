@@ -148,3 +148,44 @@ def test_in_keyspace_leaves_qualified_names_alone():
     qualified = in_keyspace(statement, "ks")
     assert [str(s.table) for s in qualified.statements] == ["ks.t", "other.u"]
     assert in_keyspace(statement, None) is statement
+
+
+def test_schema_and_node_changes_become_the_events_drivers_registered_for(node):
+    statements, _, group0 = node
+    from cql import system_tables
+    from cql.executor import Executor  # noqa: F401 - the node fixture's executor made the schema
+    before = group0.read(system_tables.shape)
+    executor = statements._executor
+    executor.execute("CREATE TABLE ks.u (k int PRIMARY KEY, a int)")
+    executor.execute("CREATE INDEX ON ks.t (v)")
+    executor.execute("DROP TABLE ks.u")
+    executor.execute("CREATE KEYSPACE other WITH replication = {'replication_factor': 1}")
+    after = group0.read(system_tables.shape)
+    assert system_tables.events(before, after) == [
+        ("SCHEMA_CHANGE", "CREATED", "KEYSPACE", "other"), ("SCHEMA_CHANGE", "UPDATED", "TABLE", "ks", "t")]
+    frame = native.schema_change_event("UPDATED", "TABLE", "ks", "t")
+    header = native.read_header(frame)
+    event = ProtocolHandler.decode_message(native.VERSION, {}, header.stream, header.flags, header.opcode,
+                                           frame[native.HEADER.size:], None, None)
+    assert header.stream == -1 and event.event_type == "SCHEMA_CHANGE"
+    assert event.event_args == {"change_type": "UPDATED", "target_type": "TABLE", "keyspace": "ks", "table": "t"}
+    topology = native.topology_change_event("NEW_NODE", "127.0.0.1", 9042)
+    header = native.read_header(topology)
+    event = ProtocolHandler.decode_message(native.VERSION, {}, header.stream, header.flags, header.opcode,
+                                           topology[native.HEADER.size:], None, None)
+    assert event.event_args == {"change_type": "NEW_NODE", "address": ("127.0.0.1", 9042)}
+
+
+def test_an_unset_value_leaves_its_column_alone_and_is_refused_in_a_key(node):
+    statements, writer, _ = node
+    client = Client(statements)
+    insert = client.send(protocol.PrepareMessage("INSERT INTO ks.t (p, c, v) VALUES (?, ?, ?)"))
+    unset = protocol._UNSET_VALUE
+    assert client.send(protocol.ExecuteMessage(insert.query_id, [b"\x00\x00\x00\x01", (2).to_bytes(8, "big"), unset],
+                                               ConsistencyLevel.ONE)).kind == 1
+    [(mutations, _)] = writer.writes
+    assert set(mutations[0][1].cells) == set()  # v was not written: the row's marker only
+    update = client.send(protocol.PrepareMessage("UPDATE ks.t SET v = ? WHERE p = ? AND c = ?"))
+    refused = client.send(protocol.ExecuteMessage(update.query_id, [b"x", unset, (2).to_bytes(8, "big")],
+                                                  ConsistencyLevel.ONE))
+    assert refused.code == native.INVALID and "UNSET" in refused.message
