@@ -37,6 +37,7 @@ class NodeMetrics:
         self.raft_applied = Gauge("vbc_raft_applied_index", "group0 commands applied on this node", registry=r)
         self.raft_leader = Gauge("vbc_raft_is_leader", "1 when this node is the group0 leader", registry=r)
         self.schema_version = Gauge("vbc_schema_version", "Schema version applied on this node", registry=r)
+        self.cql_connections = Gauge("vbc_cql_connections", "Open CQL native protocol connections", registry=r)
         # tablet migration's data plane
         self.tablet_rows_streamed = Counter("vbc_tablet_streamed_rows_total",
                                             "Rows this node pulled from source replicas and merged (tablet streams)",

@@ -5,7 +5,6 @@ import gc
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -28,8 +27,7 @@ from common.peers import Peers
 from common.worker_client import WorkerClient
 from coordinator.core.build_settings import chunk_limit
 from coordinator.core.commands import RecordTaskProgress, RegisterNode
-from coordinator.core.auth import CLUSTER, Principal
-from coordinator.core.errors import ResourceExhausted, Unauthenticated, Unavailable
+from coordinator.core.errors import Unavailable
 from coordinator.core.hlc import HybridClock
 from coordinator.core.schema import TASK_PROCESS_STAGING
 from coordinator.core.state import Group0State
@@ -38,8 +36,6 @@ from coordinator.raft import Group0, Group0Unavailable, StateMachineError, secre
 from coordinator.tablet_migration import MigrationCalls, MigrationDriver
 from coordinator.view_building import ViewBuildingLoop
 from cql.executor import Executor
-from cql import native_protocol as native, system_tables
-from cql.system_tables import Asker
 from cql.limits import Limits
 from replica.inflight import InflightWrites
 from replica.local import LocalData, SchemaAccess
@@ -63,8 +59,7 @@ from worker.throttle import Throttle
 from . import security
 from .admin_service import AdminDeps, AdminService
 from .client_service import ClientService
-from .cql_requests import NativeDeps, NativeStatements
-from .cql_server import CqlServer, server_ssl_context
+from .cql_endpoint import CqlEndpoint
 from .health import HealthService
 from .staged_registry import StagedRegistry
 from .view_row_holds import ViewRowHolds
@@ -124,14 +119,6 @@ class NodeConfig:
     limits: Limits = field(default_factory=Limits)
     enable_injections: bool = False  # Admin.Inject may switch fault injection points on (tests, local clusters)
     spark_prestart: bool = True  # start and warm up Spark in the background at start (else at the first batch)
-
-
-def _ip_of(host: str) -> str:
-    """`host` as an IP address (a name resolved once, at start; CQL's system tables hold addresses)."""
-    try:
-        return socket.getaddrinfo(host or "0.0.0.0", None)[0][4][0]
-    except OSError:
-        return host
 
 
 def host_of(address: str) -> str:
@@ -220,8 +207,9 @@ class Node:
         self._internode_calls = OpenCalls(INTERNODE_OPEN_CALLS)
         self._sessions = OpenCalls(CLIENT_SESSIONS)
         self._server = self._build_server()
-        self._cql = self._build_cql_server() if config.cql_addr else None
-        self._cql_shape: system_tables.Shape | None = None
+        self._cql = None if not config.cql_addr else CqlEndpoint(
+            config.cql_addr, self.node_id, config.cluster_name, self.executor, self.group0.read, self._authenticator,
+            Path(config.certs_dir or self.data_dir), self.metrics.cql_connections.set)
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
 
@@ -231,7 +219,7 @@ class Node:
         self._server.start()
         if self._cql is not None:
             self._cql.start()
-            log.info("node %s serving CQL on %s", self.node_id, self.cql_address)
+            log.info("node %s serving CQL on %s", self.node_id, self._cql.address)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.group0.start()
         self.view_building.start()
@@ -317,34 +305,6 @@ class Node:
             self._add_client_port(server)
         return server
 
-    def _build_cql_server(self) -> CqlServer:
-        """CQL's native protocol on its own port: TLS with the node's certificate and password logins against the
-        cluster's roles (plaintext, and no login, on an insecure node)."""
-        statements = NativeStatements(NativeDeps(
-            self.executor, self.group0.read, Asker(self.node_id, self.config.cluster_name),
-            **({} if self._authenticator is None else {"still_allowed": self._authenticator.still_allowed})))
-        folder = Path(self.config.certs_dir or self.data_dir)
-        context = None if self._tls is None else server_ssl_context(str(folder / security.NODE_CERT),
-                                                                     str(folder / security.NODE_KEY))
-        login_for = None if self._authenticator is None else self._cql_login
-        return CqlServer(self.config.cql_addr, statements, login_for, context, open_principal=CLUSTER)
-
-    def _cql_login(self, host: str):
-        def login(user: str, password: str) -> Principal:
-            try:
-                return self._authenticator.password_login(user, password, host)
-            except (Unauthenticated, ResourceExhausted) as error:
-                raise LookupError(error.message) from None
-        return login
-
-    @property
-    def cql_address(self) -> str:
-        """HOST:PORT of the CQL server, as clients reach it (an IP address; "" without one)."""
-        if self._cql is None:
-            return ""
-        ip = _ip_of(host_of(self.config.cql_addr))
-        return f"[{ip}]:{self._cql.port}" if ":" in ip else f"{ip}:{self._cql.port}"
-
     def _add_client_port(self, server: grpc.Server) -> None:
         """The port for password logins: TLS without client certificates (plaintext on an insecure node)."""
         address = self.config.client_addr
@@ -391,9 +351,10 @@ class Node:
     def _join(self) -> None:
         """Register this node in group0 (retrying until a leader commits it), then report SERVING."""
         config = self.config
+        cql = self._cql.address if self._cql is not None else ""
         command = RegisterNode(node_id=self.node_id, grpc=config.grpc_addr, raft=config.raft_addr, shards=config.shards,
-                               cql=self.cql_address, cmd_id=f"register/{self.node_id}/{config.grpc_addr}/"
-                                                             f"{config.raft_addr}/{config.shards}/{self.cql_address}")
+                               cql=cql, cmd_id=f"register/{self.node_id}/{config.grpc_addr}/{config.raft_addr}/"
+                                               f"{config.shards}/{cql}")
         while not self._stopping.is_set():
             try:
                 outcome = self.group0.propose(command, timeout=5.0)
@@ -446,21 +407,10 @@ class Node:
                     self.local.drop_dropped_tables()
                     self.local.create_new_tables()
                     seen_version = version
-                self._push_cql_events()
+                if self._cql is not None:
+                    self._cql.state_applied()
             except Exception:  # noqa: BLE001 - keep watching; the next schema change retries
                 log.exception("creating or dropping the storage of tables failed; will retry")
-
-    def _push_cql_events(self) -> None:
-        """Tell the CQL connections that asked (REGISTER) what changed in the schema and the nodes since last time."""
-        if self._cql is None:
-            return
-        shape = self.group0.read(system_tables.shape)
-        if self._cql_shape is not None:
-            for event in system_tables.events(self._cql_shape, shape):
-                frame = (native.schema_change_event(*event[1:]) if event[0] == "SCHEMA_CHANGE"
-                         else native.topology_change_event(*event[1:]))
-                self._cql.push(event[0], frame)
-        self._cql_shape = shape
 
     def _follow_tasks(self) -> None:
         try:

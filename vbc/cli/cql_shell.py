@@ -39,10 +39,12 @@ def cmd_cql(args: argparse.Namespace) -> int:
         print(f"SSL_CERTFILE={ca} cqlsh {host} {port} --ssl -u {args.user}")
         return 0
     with tempfile.TemporaryDirectory(prefix="vbc-cqlsh-") as folder:
-        command = [_cqlsh(), host, port, "--ssl", "--cqlshrc", _write_cqlshrc(Path(folder), args.user, ca)]
+        command = [_cqlsh(), host, port, "--ssl", "--cqlshrc", _write_cqlshrc(Path(folder), ca)]
         password = _password(data_dir, args.user)
-        if password is not None:
-            command += ["--credentials", _write_credentials(Path(folder), password)]
+        if password is None:
+            command += ["-u", args.user]  # cqlsh asks for the password
+        else:
+            command += ["--credentials", _write_credentials(Path(folder), args.user, password)]
         extra = args.cqlsh_args[1:] if args.cqlsh_args[:1] == ["--"] else args.cqlsh_args
         return subprocess.call([*command, *extra], env={**os.environ, "SSL_CERTFILE": str(ca)})
 
@@ -74,17 +76,16 @@ def _password(data_dir: Path, user: str) -> str | None:
     return os.environ.get(client.PASSWORD_ENV)
 
 
-def _write_cqlshrc(folder: Path, user: str, ca: Path) -> str:
+def _write_cqlshrc(folder: Path, ca: Path) -> str:
     config = configparser.ConfigParser(interpolation=None)
-    config["authentication"] = {"username": user}
-    config["auth_provider"] = {"module": "cassandra.auth", "classname": "PlainTextAuthProvider", "username": user}
+    config["auth_provider"] = {"module": "cassandra.auth", "classname": "PlainTextAuthProvider"}
     config["ssl"] = {"certfile": str(ca), "validate": "true"}
     return _private(folder / "cqlshrc", config)
 
 
-def _write_credentials(folder: Path, password: str) -> str:
+def _write_credentials(folder: Path, user: str, password: str) -> str:
     config = configparser.ConfigParser(interpolation=None)
-    config["PlainTextAuthProvider"] = {"password": password}
+    config["PlainTextAuthProvider"] = {"username": user, "password": password}
     return _private(folder / "credentials", config)
 
 
