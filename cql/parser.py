@@ -567,39 +567,6 @@ class _Builder(Transformer):
     def describe_keyspace(self, c: list[Any]) -> Describe:
         return Describe("keyspace", keyspace=c[0].value if c[0] is not None else None)
 
-    def describe_table(self, c: list[Any]) -> Describe:
-        return Describe("table", name=_qual(c[0]))
-
-    def describe_index(self, c: list[Any]) -> Describe:
-        return Describe("index", name=_qual(c[0]))
-
-    def describe_view(self, c: list[Any]) -> Describe:
-        return Describe("view", name=_qual(c[0]))
-
-    def describe_keyspaces(self, c: list[Any]) -> Describe:
-        return Describe("keyspaces")
-
-    def describe_tables(self, c: list[Any]) -> Describe:
-        return Describe("tables")
-
-    def describe_cluster(self, c: list[Any]) -> Describe:
-        return Describe("cluster")
-
-    def describe_schema(self, c: list[Any]) -> Describe:
-        return Describe("schema")
-
-    def describe_types(self, c: list[Any]) -> Describe:
-        return Describe("types")
-
-    def describe_functions(self, c: list[Any]) -> Describe:
-        return Describe("functions")
-
-    def describe_aggregates(self, c: list[Any]) -> Describe:
-        return Describe("aggregates")
-
-    def describe_any(self, c: list[Any]) -> Describe:
-        return Describe("any", name=_qual(c[0]))
-
     def drop_table(self, c: list[Any]) -> DropTable:
         return DropTable(table=_qual(c[1]), if_exists=bool(c[0]))
 
@@ -718,6 +685,12 @@ class _Builder(Transformer):
 # Parser construction (once, at import) and error translation.
 
 _GRAMMAR = Path(__file__).with_name("grammar.lark").read_text(encoding="utf-8")
+
+for _kind in ("keyspaces", "tables", "cluster", "schema", "types", "functions", "aggregates"):
+    setattr(_Builder, f"describe_{_kind}", lambda self, c, kind=_kind: Describe(kind))
+for _kind in ("table", "index", "view", "any"):  # DESCRIBE TABLE ks.t, ..., DESCRIBE name
+    setattr(_Builder, f"describe_{_kind}", lambda self, c, kind=_kind: Describe(kind, name=_qual(c[0])))
+
 
 _LARK = Lark(
     _GRAMMAR,
