@@ -1,10 +1,12 @@
 """Group0's Raft adapter: replicates state-machine commands to every member through pysyncobj."""
 from __future__ import annotations
 
+import _socket
 import hashlib
 import hmac
 import logging
 import pickle
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +25,10 @@ from coordinator.raft_storage import DUMP_FILE, match_journal_to_dump
 
 from coordinator.core.commands import Command, encode
 from coordinator.core.errors import Unavailable
+
+# pysyncobj 0.3.17 (`win_inet_pton`, imported with it) replaces socket.inet_ntop by a Windows-only version on every OS;
+# the standard one goes back for the rest of the process (a CQL driver in the same process decodes addresses with it).
+socket.inet_ntop = _socket.inet_ntop
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,8 @@ import os
 import pytest
 import sqlalchemy as sa
 
+import coordinator.raft  # noqa: F401 - first: it puts back the socket.inet_ntop that importing pysyncobj replaces
+
 from coordinator.core.state import Group0State
 from storage.store import NodeStore
 
