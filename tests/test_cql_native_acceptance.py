@@ -277,3 +277,35 @@ def written(session, insert, k: int) -> bool:
         return True
     except Exception:  # noqa: BLE001 - UNAVAILABLE until every replica is back
         return False
+
+
+def test_every_kind_of_statement_of_the_grpc_path(cluster, session):
+    run = session.execute
+    run("CREATE KEYSPACE IF NOT EXISTS every WITH replication = {'replication_factor': 2} AND tablets = {'initial': 2}")
+    run("ALTER KEYSPACE every WITH replication = {'replication_factor': 3}")
+    run("CREATE TABLE every.t (k int, c int, v text, PRIMARY KEY (k, c))")
+    run("ALTER TABLE every.t ADD (n bigint, flag boolean, at timestamp)")
+    run("INSERT INTO every.t (k, c, v, n, flag, at) VALUES (1, 1, 'a', 10, true, '2026-01-02 03:04:05+0000') "
+        "USING TIMESTAMP 1000")
+    run("UPDATE every.t SET v = 'b', n = 20 WHERE k = 1 AND c = 2")
+    run("BEGIN UNLOGGED BATCH INSERT INTO every.t (k, c, v) VALUES (2, 1, 'c'); DELETE FROM every.t WHERE k = 1 AND "
+        "c = 1; APPLY BATCH")
+    assert sorted((r.k, r.c, r.v) for r in run("SELECT k, c, v FROM every.t")) == [(1, 2, "b"), (2, 1, "c")]
+    counted = run("SELECT COUNT(*), MIN(c), MAX(n) FROM every.t").one()
+    assert tuple(counted) == (2, 1, 20)
+    assert [r.v for r in run("SELECT v FROM every.t WHERE k IN (1, 2) AND c = 2")] == ["b"]
+    run("CREATE INDEX every_v ON every.t (v)")
+    run("CREATE MATERIALIZED VIEW every.by_c AS SELECT * FROM every.t WHERE c IS NOT NULL AND k IS NOT NULL "
+        "PRIMARY KEY (c, k)")
+    run("CREATE ROLE carol WITH PASSWORD = 'c4rol-pw' AND LOGIN = true")
+    run("ALTER ROLE carol WITH LOGIN = false")
+    run("GRANT SELECT ON TABLE every.t TO carol")
+    assert any(r.permission == "SELECT" for r in run("LIST ALL PERMISSIONS OF carol"))
+    run("REVOKE SELECT ON TABLE every.t FROM carol")
+    assert "carol" in {r.role for r in run("LIST ROLES")}
+    run("DROP ROLE carol")
+    run("DROP MATERIALIZED VIEW every.by_c")
+    run("DROP INDEX every.every_v")
+    run("DROP TABLE every.t")
+    run("DROP KEYSPACE every")
+    assert "every" not in session.cluster.metadata.keyspaces
