@@ -6,6 +6,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
+from common.metrics import NodeMetrics
 from coordinator.core.auth import CLUSTER, Principal
 from coordinator.core.errors import ResourceExhausted, Unauthenticated
 from cql import native_protocol as native, system_tables
@@ -21,16 +22,17 @@ class CqlEndpoint:
     (plaintext and no login when the node is insecure: `authenticator` None)."""
 
     def __init__(self, address: str, node_id: str, cluster_name: str, executor: Executor, read_state: Callable,
-                 authenticator: security.Authenticator | None, certs_dir: Path, on_connections: Callable[[int], None]):
+                 authenticator: security.Authenticator | None, certs_dir: Path, metrics: NodeMetrics):
         self._read = read_state
         self._authenticator = authenticator
         statements = NativeStatements(NativeDeps(
             executor, read_state, system_tables.Asker(node_id, cluster_name),
+            failed=lambda code: metrics.statement_errors.labels(code).inc(),
             **({} if authenticator is None else {"still_allowed": authenticator.still_allowed})))
         context = None if authenticator is None else server_ssl_context(str(certs_dir / security.NODE_CERT),
                                                                          str(certs_dir / security.NODE_KEY))
         self._server = CqlServer(address, statements, None if authenticator is None else self._login_for, context,
-                                 open_principal=CLUSTER, on_connections=on_connections)
+                                 open_principal=CLUSTER, on_connections=metrics.cql_connections.set)
         ip = ip_of(address.rpartition(":")[0].strip("[]"))
         self.address = f"[{ip}]:{self._server.port}" if ":" in ip else f"{ip}:{self._server.port}"
         self._shape: system_tables.Shape | None = None

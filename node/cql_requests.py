@@ -41,6 +41,7 @@ class NativeDeps:
     read_state: Callable[[Callable[[Group0State], object]], object]
     asker: system_tables.Asker
     still_allowed: Callable[[Principal], None] = lambda principal: None
+    failed: Callable[[str], None] = lambda code: None  # a statement failed: its gRPC status code's name, for metrics
 
 
 class NativeStatements:
@@ -65,6 +66,7 @@ class NativeStatements:
             statement, result = self._run(request, run.principal, session)
             return self._result_frame(run.stream, statement, result, session)
         except Exception as error:  # every failure is the client's answer; the connection goes on
+            self._deps.failed(getattr(error, "code", "INTERNAL"))
             return error_frame(run.stream, error, statement)
 
     def _run(self, request, principal: Principal, session: Session) -> tuple[ast.Statement, Result]:

@@ -209,7 +209,7 @@ class Node:
         self._server = self._build_server()
         self._cql = None if not config.cql_addr else CqlEndpoint(
             config.cql_addr, self.node_id, config.cluster_name, self.executor, self.group0.read, self._authenticator,
-            Path(config.certs_dir or self.data_dir), self.metrics.cql_connections.set)
+            Path(config.certs_dir or self.data_dir), self.metrics)
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
 
