@@ -133,6 +133,51 @@ class _Marker:
 _STAR = _Marker("*")
 
 
+@dataclass(frozen=True)
+class _TableOptions:
+    """A CREATE TABLE's or view's WITH options: (name, value) properties, and lists of (column, ASC|DESC)."""
+
+    items: list
+
+
+# Cassandra's and ScyllaDB's table options: accepted so their schemas run here, and without effect (the storage is this
+# cluster's own), but for the two that would change what a table holds.
+TABLE_PROPERTIES = frozenset({
+    "additional_write_policy", "bloom_filter_fp_chance", "caching", "cdc", "comment", "compaction", "compression",
+    "crc_check_chance", "dclocal_read_repair_chance", "default_time_to_live", "extensions", "gc_grace_seconds",
+    "max_index_interval", "memtable_flush_period_in_ms", "min_index_interval", "paxos_grace_seconds", "read_repair",
+    "read_repair_chance", "speculative_retry", "tombstone_gc"})
+
+
+def _check_table_options(options: _TableOptions | None, clustering: tuple[str, ...], where: str) -> None:
+    seen: set[str] = set()
+    for item in options.items if options is not None else ():
+        if isinstance(item, list):
+            _check_clustering_order(item, clustering, where)
+            continue
+        name, value = item
+        if name.value in seen:
+            _fail(f"option {name.value!r} is given more than once", name)
+        seen.add(name.value)
+        if name.value not in TABLE_PROPERTIES:
+            _fail(f"unknown option {name.value!r} of {where}; known: {', '.join(sorted(TABLE_PROPERTIES))}", name)
+        if name.value == "default_time_to_live" and value not in (0, "0"):
+            _fail("default_time_to_live can only be 0: rows do not expire here", name)
+        if name.value == "cdc" and value not in (False, "false"):
+            _fail("cdc can only be false: change data capture is not served", name)
+
+
+def _check_clustering_order(order: list, clustering: tuple[str, ...], where: str) -> None:
+    named = tuple(column.value for column, _ in order)
+    if named != clustering[:len(named)] or not named:
+        _fail(f"CLUSTERING ORDER BY must name the clustering columns in order ({', '.join(clustering) or 'none'}) "
+              f"in {where}", order[0][0])
+    for column, direction in order:
+        if direction != "ASC":
+            _fail(f"descending clustering order is not supported: the rows of a partition are kept in ascending "
+                  f"order of {', '.join(clustering)}", column)
+
+
 class _Aggregates:
     """The aggregates of a SELECT list (then it selects no plain column)."""
 
@@ -362,8 +407,20 @@ class _Builder(Transformer):
         at, partition, *clustering = _present(c)
         return _PrimaryKey(partition, tuple(clustering), at.line, at.column)
 
+    def table_property(self, c: list[Any]) -> tuple[Token, Any]:
+        return c[0], c[1].value if isinstance(c[1], _At) else c[1]
+
+    def clustering_order_option(self, c: list[Any]) -> list[tuple[Token, str]]:
+        return c
+
+    def clustering_order(self, c: list[Any]) -> tuple[Token, str]:
+        return c[0], (c[1].value.upper() if c[1] is not None else "ASC")
+
+    def table_options(self, c: list[Any]) -> _TableOptions:
+        return _TableOptions(c)
+
     def create_table(self, c: list[Any]) -> CreateTable:
-        ine, table, *elements = c
+        ine, table, *elements, options = c
         cols = [e for e in elements if isinstance(e, _ColumnSpec)]
         pk_clauses = [e for e in elements if isinstance(e, _PrimaryKey)]
         inline = [col for col in cols if col.inline_pk is not None]
@@ -401,6 +458,7 @@ class _Builder(Transformer):
                 "a column as 'name type PRIMARY KEY'",
                 table,
             )
+        _check_table_options(options, clustering, where)
         return CreateTable(
             table=_qual(table),
             columns=tuple(ColumnDef(col.name.value, col.type) for col in cols),
@@ -449,13 +507,14 @@ class _Builder(Transformer):
         return _Aggregates(aggregates)
 
     def create_view(self, c: list[Any]) -> CreateView:
-        ine, view, columns, base, where, pk = c
+        ine, view, columns, base, where, pk, options = c
         if columns is _STAR:
             cols = None
         else:
             _check_unique(columns, "the SELECT list")
             cols = _values(columns)
         partition, clustering = _key_parts(pk)
+        _check_table_options(options, clustering, f"CREATE MATERIALIZED VIEW {view.value}")
         return CreateView(
             view=_qual(view),
             base=_qual(base),

@@ -31,6 +31,16 @@ _NAMESPACE = uuid.UUID("6f1c3c53-5a0e-4c47-9a55-3f0c9b1d7a10")
 _STRATEGY = "org.apache.cassandra.locator.SimpleStrategy"
 _LOCAL_STRATEGY = "org.apache.cassandra.locator.LocalStrategy"
 _SCHEMA_KEYSPACES = ("system", "system_auth", "system_schema")  # described to drivers (cqlsh needs their tables)
+# Cassandra's table options at their defaults: a driver writes them in a table's CREATE statement (export_as_string),
+# and CREATE TABLE accepts them (they have no effect here)
+_TABLE_OPTIONS = {
+    "bloom_filter_fp_chance": ("double", 0.01), "caching": ("map<text, text>", {"keys": "ALL",
+                                                                               "rows_per_partition": "ALL"}),
+    "comment": ("text", ""), "compaction": ("map<text, text>", {}), "compression": ("map<text, text>", {}),
+    "crc_check_chance": ("double", 1.0), "default_time_to_live": ("int", 0), "gc_grace_seconds": ("int", 864000),
+    "max_index_interval": ("int", 2048), "memtable_flush_period_in_ms": ("int", 0), "min_index_interval": ("int", 128),
+    "speculative_retry": ("text", "99PERCENTILE"),
+}
 
 
 @dataclass(frozen=True)
@@ -176,9 +186,8 @@ def _system_tables() -> list[tuple[str, str, _SystemTable]]:
 
 
 def _options(keyspace: str, table_id: str) -> dict:
-    """No table options (bloom filters, compaction, ...): none applies here, and DESCRIBE then writes statements this
-    cluster takes back."""
-    return {"keyspace_name": keyspace, "id": str(uuid.uuid5(_NAMESPACE, f"table/{table_id}")), "extensions": {}}
+    return {"keyspace_name": keyspace, "id": str(uuid.uuid5(_NAMESPACE, f"table/{table_id}")), "extensions": {},
+            **{name: value for name, (_, value) in _TABLE_OPTIONS.items()}}
 
 
 def _tables(state: Group0State, asker: Asker):
@@ -237,7 +246,8 @@ def _none(state: Group0State, asker: Asker):
 
 
 _NAME_COLUMNS = (("keyspace_name", "text"), ("table_name", "text"))
-_OPTION_COLUMNS = (("id", "uuid"), ("extensions", "map<text, blob>"))
+_OPTION_COLUMNS = (("id", "uuid"), ("extensions", "map<text, blob>"),
+                   *((name, kind) for name, (kind, _) in _TABLE_OPTIONS.items()))
 _TABLES = {
     ("system", "local"): _SystemTable(tuple(_LOCAL), _local),
     ("system", "peers"): _SystemTable(tuple(_PEERS), _peer_rows),

@@ -248,6 +248,11 @@ def test_cqlsh_runs_statements_describes_and_copies_to_a_file(cluster, session, 
     for statement in statements:  # what DESCRIBE wrote makes the schema again
         session.execute(statement)
     assert session.cluster.metadata.keyspaces["sh"].tables["t"].primary_key[0].name == "k"
+    exported = session.cluster.metadata.keyspaces["sh"].export_as_string()  # the driver's own CREATE statements
+    session.execute("DROP KEYSPACE sh")
+    for statement in filter(None, (part.strip() for part in exported.split(";\n"))):
+        session.execute(statement)
+    assert "t" in session.cluster.metadata.keyspaces["sh"].tables
 
 
 def test_a_killed_node_the_driver_fails_over_and_the_application_goes_on(tmp_path):

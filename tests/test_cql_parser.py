@@ -628,3 +628,21 @@ def test_parse_is_thread_safe():
     with ThreadPoolExecutor(max_workers=8) as pool:
         got = list(pool.map(parse, statements))
     assert got == expected
+
+
+def test_cassandras_table_options_are_taken_without_effect_and_the_ones_that_would_matter_refused():
+    plain = parse("CREATE TABLE ks.t (k int, c int, PRIMARY KEY (k, c))")
+    with_options = parse("CREATE TABLE ks.t (k int, c int, PRIMARY KEY (k, c)) WITH CLUSTERING ORDER BY (c ASC) "
+                         "AND compaction = {'class': 'SizeTieredCompactionStrategy'} AND comment = 'x' "
+                         "AND default_time_to_live = 0 AND gc_grace_seconds = 10")
+    assert with_options == plain
+    view = ("CREATE MATERIALIZED VIEW ks.v AS SELECT * FROM ks.t WHERE c IS NOT NULL AND k IS NOT NULL "
+            "PRIMARY KEY (c, k)")
+    assert parse(view + " WITH CLUSTERING ORDER BY (k ASC) AND caching = {'keys': 'ALL'}") == parse(view)
+    for options, message in (("CLUSTERING ORDER BY (c DESC)", "descending clustering order"),
+                             ("CLUSTERING ORDER BY (k ASC)", "must name the clustering columns"),
+                             ("default_time_to_live = 60", "rows do not expire"),
+                             ("comment = 'a' AND comment = 'b'", "more than once"),
+                             ("compact = 1", "unknown option 'compact'")):
+        with pytest.raises(CqlSyntaxError, match=message):
+            parse(f"CREATE TABLE ks.t (k int, c int, PRIMARY KEY (k, c)) WITH {options}")
