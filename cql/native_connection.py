@@ -19,6 +19,8 @@ PASSWORD_AUTHENTICATOR = "org.apache.cassandra.auth.PasswordAuthenticator"
 CQL_VERSION = "3.4.5"
 MAX_FRAME = 16 * 1024 * 1024  # a frame's body, at most (ScyllaDB's default is 16 MiB too)
 MAX_IN_FLIGHT = 1024  # statements run at once per connection before it stops reading
+MAX_IN_FLIGHT_BYTES = 64 * 1024 * 1024  # the request bytes of those statements, at most (then it stops reading)
+MAX_UNAUTHENTICATED_FRAME = 128 * 1024  # a frame's body before the login succeeded (ScyllaDB caps it too)
 
 Login = Callable[[str, str], object]  # (user, password) -> the session's principal; raises LookupError if refused
 
@@ -60,13 +62,15 @@ class NativeConnection:
         self._principal: object | None = None
         self._authenticated = False
         self.registered: set[str] = set()  # the event types (SCHEMA_CHANGE, TOPOLOGY_CHANGE, ...) pushed to it
-        self._in_flight: set[int] = set()
+        self._in_flight: dict[int, list[int]] = {}  # stream -> the body sizes of its running requests
+        self._in_flight_bytes = 0
         self._closed = False
 
     @property
     def wants_data(self) -> bool:
         """Whether the shell should read more: open, and fewer statements running than the bound."""
-        return not self._closed and len(self._in_flight) < self._max_in_flight
+        return (not self._closed and len(self._in_flight) < self._max_in_flight
+                and self._in_flight_bytes < MAX_IN_FLIGHT_BYTES)
 
     def receive(self, data: bytes) -> list[Send | Close | Run]:
         if self._closed:
@@ -78,9 +82,11 @@ class NativeConnection:
                 header = native.read_header(bytes(self._buffer[:native.HEADER.size]))
             except native.ProtocolError as error:
                 return actions + [self._close(0, str(error))]
-            if header.length > self._max_frame:
+            limit = self._max_frame if self._authenticated else min(self._max_frame, MAX_UNAUTHENTICATED_FRAME)
+            if header.length > limit:
                 return actions + [self._close(header.stream, f"frame of {header.length} bytes is above the "
-                                                             f"{self._max_frame}-byte limit")]
+                                                             f"{limit}-byte limit" + (
+                                                                 "" if self._authenticated else " before a login"))]
             end = native.HEADER.size + header.length
             if len(self._buffer) < end:
                 break
@@ -90,7 +96,11 @@ class NativeConnection:
         return actions
 
     def answered(self, stream: int) -> None:
-        self._in_flight.discard(stream)
+        sizes = self._in_flight.get(stream)
+        if sizes:
+            self._in_flight_bytes -= sizes.pop()
+            if not sizes:
+                del self._in_flight[stream]
 
     def _frame(self, header: native.Header, body: bytes) -> Send | Close | Run:
         try:
@@ -101,9 +111,9 @@ class NativeConnection:
             request = native.decode_request(header.opcode, body)
         except native.ProtocolError as error:
             return self._close(header.stream, str(error))
-        return self._request(header.stream, request)
+        return self._request(header.stream, request, header.length)
 
-    def _request(self, stream: int, request) -> Send | Run:
+    def _request(self, stream: int, request, size: int) -> Send | Run:
         if isinstance(request, native.Options):
             return Send(native.supported(stream, {"CQL_VERSION": [CQL_VERSION], "COMPRESSION": []}))
         if isinstance(request, native.Startup):
@@ -116,7 +126,8 @@ class NativeConnection:
         if isinstance(request, native.Register):
             self.registered |= set(request.events)
             return Send(native.ready(stream))
-        self._in_flight.add(stream)
+        self._in_flight.setdefault(stream, []).append(size)
+        self._in_flight_bytes += size
         return Run(stream, request, self._principal)
 
     def _startup(self, stream: int) -> Send:

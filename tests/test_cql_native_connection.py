@@ -96,3 +96,17 @@ def test_reading_stops_while_the_bound_of_running_statements_is_reached():
     assert connection.wants_data
     [ready] = connection.receive(frame(protocol.RegisterMessage(["SCHEMA_CHANGE"]), stream=4))
     assert isinstance(ready, Send) and isinstance(decoded(ready), protocol.ReadyMessage)
+    assert connection.registered == {"SCHEMA_CHANGE"}
+
+
+def test_before_a_login_a_frame_is_small_and_running_requests_are_bounded_in_bytes(monkeypatch):
+    import cql.native_connection as native_connection
+    connection = NativeConnection(login)
+    [close] = connection.receive(frame(protocol.QueryMessage("x" * 200_000, ConsistencyLevel.ONE)))
+    assert isinstance(close, Close) and "before a login" in decoded(close).message
+    monkeypatch.setattr(native_connection, "MAX_IN_FLIGHT_BYTES", 300)
+    connection = authenticated()
+    [run] = connection.receive(frame(protocol.QueryMessage("x" * 400, ConsistencyLevel.ONE), stream=5))
+    assert isinstance(run, Run) and not connection.wants_data  # one large request fills the byte bound
+    connection.answered(5)
+    assert connection.wants_data
