@@ -5,6 +5,7 @@ this cluster's dialect, so the output of DESCRIBE KEYSPACE runs here as it is (a
 """
 from __future__ import annotations
 
+import math
 import re
 
 from coordinator.core.errors import InvalidArgument, NotFound
@@ -151,6 +152,8 @@ def literal(value: object) -> str:
         return "'" + value.replace("'", "''") + "'"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return "null" if value is None else repr(value)
 
 

@@ -40,7 +40,8 @@ class WriteStatements:
             inner, outer_ts = (statement.statements, statement.timestamp) if isinstance(statement, ast.Batch) else (
                 (statement,), None)
             batch_ts = _timestamp(outer_ts, default_ts)
-            mutations.extend(self._mutation(s, _timestamp(s.timestamp, batch_ts), tables) for s in inner)
+            mutations.extend(self._mutation(s, _timestamp(s.timestamp, batch_ts), tables) for s in inner
+                             if not (isinstance(s, ast.Update) and not s.assignments))  # every value left unset
         single = len(statements) == 1 and not isinstance(statements[0], ast.Batch)
         return self._write(mutations, default_ts, single)
 

@@ -67,6 +67,10 @@ class NativeConnection:
         self._closed = False
 
     @property
+    def authenticated(self) -> bool:
+        return self._authenticated
+
+    @property
     def wants_data(self) -> bool:
         """Whether the shell should read more: open, and fewer statements running than the bound."""
         return (not self._closed and len(self._in_flight) < self._max_in_flight

@@ -23,6 +23,7 @@ from cql.result import Result
 log = logging.getLogger(__name__)
 
 ANY, ONE, ALL, SERIAL, LOCAL_SERIAL = 0x0000, 0x0001, 0x0005, 0x0008, 0x0009
+CACHED_TEXT = 16 * 1024  # statement texts up to this size keep their parse
 DDL = (ast.CreateKeyspace, ast.AlterKeyspace, ast.DropKeyspace, ast.CreateTable, ast.AlterTable, ast.DropTable,
        ast.CreateView, ast.DropView, ast.CreateIndex, ast.DropIndex)
 WRITES = (ast.Insert, ast.Update, ast.Delete, ast.Batch)
@@ -59,6 +60,7 @@ class NativeStatements:
             if isinstance(request, native.Prepare):
                 return self._prepare(run.stream, request, session)
             if isinstance(request, native.Batch):
+                statement = ast.Batch((), None)  # for its errors: a write
                 _check_consistency(request.consistency)
                 self._executor.batch(self._batch_items(request, session), principal=run.principal,
                                      keyspace=session.keyspace, timestamp=request.timestamp)
@@ -76,6 +78,7 @@ class NativeStatements:
             prepared = self._executor.prepared_statement(request.statement_id.hex())
             statement, text, prepared_id = prepared.statement, prepared.text, prepared.id
         else:
+            self._executor.limits.check_statement(request.query)  # before any parsing
             statement, text, prepared_id = in_keyspace(_parsed(request.query), session.keyspace), request.query, ""
             if isinstance(statement, ast.Select) and system_tables.is_system(statement.table):
                 return statement, self._system_select(statement, params)
@@ -127,8 +130,12 @@ class NativeStatements:
                                                result.paging_state or None))
 
 
-@functools.lru_cache(maxsize=4096)
 def _parsed(text: str) -> ast.Statement:
+    return _parsed_small(text) if len(text) <= CACHED_TEXT else parse(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_small(text: str) -> ast.Statement:
     return parse(text)
 
 
@@ -210,9 +217,13 @@ def error_frame(stream: int, error: Exception, statement: ast.Statement | None =
         return native.error(stream, native.UNPREPARED, message, native.unprepared_details(raw))
     if isinstance(error, errors.DeadlineExceeded):
         if isinstance(statement, WRITES):
-            return native.error(stream, native.WRITE_TIMEOUT, message,
-                                native.write_timeout_details(ALL, 0, 1, "SIMPLE"))
+            kind = "BATCH" if isinstance(statement, ast.Batch) else "SIMPLE"
+            return native.error(stream, native.WRITE_TIMEOUT, message, native.write_timeout_details(ALL, 0, 1, kind))
         return native.error(stream, native.READ_TIMEOUT, message, native.read_timeout_details(ONE, 0, 1, False))
+    if isinstance(error, errors.AlreadyExists) and isinstance(statement, DDL):
+        _, _, keyspace, *name = schema_change_of(statement)
+        return native.error(stream, native.ALREADY_EXISTS, message,
+                            native.already_exists_details(keyspace, name[0] if name else ""))
     if isinstance(error, errors.Unavailable):
         return native.error(stream, native.UNAVAILABLE, message, native.unavailable_details(ALL, 1, 0))
     code = _CODES.get(type(error)) or next((c for cls, c in _CODES.items() if isinstance(error, cls)), None)

@@ -1,11 +1,15 @@
-"""The node's CQL native protocol server: a listening socket (TLS with the node's certificate), a thread reading each
-connection, and a pool running its statements, whose answers go out as they finish (matched by stream id)."""
+"""The node's CQL native protocol server: a listening socket (TLS with the node's certificate), a reader and a writer
+thread per connection, and a pool running the statements of every connection, whose answers go out as they finish
+(matched by stream id)."""
 from __future__ import annotations
 
+import collections
 import logging
+import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 
@@ -16,8 +20,13 @@ from .cql_requests import NativeStatements, Session
 log = logging.getLogger(__name__)
 
 STATEMENT_THREADS = 32  # statements of every connection run at once on this many threads
+STATEMENTS_PER_CONNECTION = 8  # of them, one connection's at most (the rest wait in its queue): one client cannot
+# take every thread
+MAX_CONNECTIONS = 2048  # a connection above it is closed at once
 READ_BYTES = 256 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
+LOGIN_TIMEOUT_S = 30.0  # a connection that has not logged in by then is closed
+MAX_QUEUED_EVENTS = 1000  # pushed events a client has not read yet; past it the connection is closed
 
 
 class CqlServer:
@@ -52,13 +61,23 @@ class CqlServer:
 
     def stop(self) -> None:
         self._stopping.set()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() that close() alone would leave blocked
+        except OSError:
+            pass
         self._listener.close()
         with self._lock:
-            sockets = list(self._connections)
-        for sock in sockets:
-            _close(sock)
+            for sock in self._connections:
+                _close(sock)
         self._accepting.join(timeout=5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def push(self, event_type: str, frame: bytes) -> None:
+        """Queue an EVENT for every connection registered for `event_type` (REGISTER); never blocks."""
+        with self._lock:
+            connections = list(self._connections.values())
+        for connection in connections:
+            connection.push(event_type, frame)
 
     def _accept(self) -> None:
         while not self._stopping.is_set():
@@ -66,8 +85,12 @@ class CqlServer:
                 sock, peer = self._listener.accept()
             except OSError:
                 return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(sock, peer), name=f"cql-{peer[1]}", daemon=True).start()
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                threading.Thread(target=self._serve, args=(sock, peer), name=f"cql-{peer[1]}", daemon=True).start()
+            except (OSError, RuntimeError) as error:  # no thread to spare: this one is refused, the next may not be
+                log.warning("CQL connection from %s refused: %s", peer[0], error)
+                _close(sock)
 
     def _serve(self, sock: socket.socket, peer) -> None:
         try:
@@ -77,25 +100,31 @@ class CqlServer:
             _close(sock)
             return
         connection = _Connection(sock, self._protocol_state(peer[0]), self._statements, self._pool)
-        with self._lock:
-            self._connections[sock] = connection
-            self._on_connections(len(self._connections))
+        if not self._register(sock, connection, peer):
+            return
         try:
             connection.serve()
         except OSError:
-            pass  # the client went away
+            pass  # the client went away, or did not log in in time
         finally:
-            _close(sock)
+            connection.close()
             with self._lock:
                 self._connections.pop(sock, None)
                 self._on_connections(len(self._connections))
 
-    def push(self, event_type: str, frame: bytes) -> None:
-        """Send an EVENT to every connection registered for `event_type` (REGISTER)."""
+    def _register(self, sock: socket.socket, connection: _Connection, peer) -> bool:
         with self._lock:
-            connections = list(self._connections.values())
-        for connection in connections:
-            connection.push(event_type, frame)
+            if self._stopping.is_set() or len(self._connections) >= MAX_CONNECTIONS:
+                refused = True
+            else:
+                refused = False
+                self._connections[sock] = connection
+                self._on_connections(len(self._connections))
+        if refused:
+            log.warning("CQL connection from %s closed: the node is stopping or serves %d connections already",
+                        peer[0], MAX_CONNECTIONS)
+            _close(sock)
+        return not refused
 
     def _secured(self, sock: socket.socket) -> socket.socket:
         if self._ssl is None:
@@ -110,64 +139,156 @@ class CqlServer:
         return NativeConnection(login, self._max_frame, self._max_in_flight, self._open_principal)
 
 
+class _Channel:
+    """A connection's socket, non-blocking, read by the reader and written by the writer in turn: an SSL object must
+    not read and write at once from two threads."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        self._sock = sock
+        self._lock = threading.Lock()
+
+    def recv(self, size: int, timeout: float | None) -> bytes:
+        """Up to `size` bytes (b"" once the client closed); TimeoutError after `timeout` seconds without any."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                try:
+                    return self._sock.recv(size)
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                    if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+                        continue
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError("no data in time")
+            self._wait(select.POLLIN, remaining)
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            with self._lock:
+                try:
+                    view = view[self._sock.send(view):]
+                    continue
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                    pass
+            self._wait(select.POLLOUT, 1.0)
+
+    def _wait(self, events: int, timeout: float | None) -> None:
+        poller = select.poll()
+        poller.register(self._sock.fileno(), events | select.POLLERR | select.POLLHUP)
+        poller.poll(None if timeout is None else max(1, int(timeout * 1000)))
+
+
 class _Connection:
-    """One client connection: reads while the protocol state wants data, hands statements to the pool."""
+    """One client connection: its reader hands statements to the pool (a few at a time, the rest queued), its writer
+    sends answers and events in the order they are ready; nothing but the writer blocks on the client's socket."""
 
     def __init__(self, sock: socket.socket, state: NativeConnection, statements: NativeStatements,
                  pool: futures.ThreadPoolExecutor):
         self._sock = sock
+        self._channel = _Channel(sock)
         self._state = state
         self._statements = statements
         self._pool = pool
         self._session = Session()
-        self._send_lock = threading.Lock()
-        self._room = threading.Condition()
+        self._room = threading.Condition()  # guards the protocol state, the queues and `_open`
+        self._waiting: collections.deque[Run] = collections.deque()
+        self._running = 0
+        self._outbox: collections.deque[tuple[bytes, int | None, bool]] = collections.deque()  # frame, stream, event
+        self._events = 0
         self._open = True
+        self._writer = threading.Thread(target=self._write, name="cql-writer", daemon=True)
 
     def serve(self) -> None:
-        while self._open:
+        self._writer.start()
+        while True:
             with self._room:
                 self._room.wait_for(lambda: self._state.wants_data or not self._open)
-            data = self._sock.recv(READ_BYTES)
+                if not self._open:
+                    return
+                timeout = None if self._state.authenticated else LOGIN_TIMEOUT_S
+            data = self._channel.recv(READ_BYTES, timeout)
             if not data:
                 return
             with self._room:
-                actions = self._state.receive(data)
-            for action in actions:
-                self._act(action)
+                for action in self._state.receive(data):
+                    self._act(action)
 
-    def _act(self, action: Send | Close | Run) -> None:
-        if isinstance(action, Run):
-            self._pool.submit(self._run, action)
-            return
-        self._send(action.frame)
-        if isinstance(action, Close):
+    def close(self) -> None:
+        with self._room:
             self._open = False
-            self._sock.shutdown(socket.SHUT_RDWR)
-
-    def _run(self, run: Run) -> None:
-        try:
-            frame = self._statements.answer(run, self._session)
-            self._send(frame)
-        except OSError:
-            pass  # the client went away: its answer has nowhere to go
-        finally:
-            with self._room:
-                self._state.answered(run.stream)
-                self._room.notify_all()
+            self._waiting.clear()
+            self._room.notify_all()
+        _close(self._sock)
 
     def push(self, event_type: str, frame: bytes) -> None:
         with self._room:
-            wanted = event_type in self._state.registered
-        if wanted:
-            try:
-                self._send(frame)
-            except OSError:
-                pass  # the client went away: its reader ends the connection
+            if not self._open or event_type not in self._state.registered:
+                return
+            if self._events >= MAX_QUEUED_EVENTS:
+                log.warning("a CQL client does not read its events: its connection is closed")
+                self._open = False
+                self._room.notify_all()
+                return
+            self._events += 1
+            self._outbox.append((frame, None, True))
+            self._room.notify_all()
 
-    def _send(self, frame: bytes) -> None:
-        with self._send_lock:
-            self._sock.sendall(frame)
+    def _act(self, action: Send | Close | Run) -> None:
+        """Under `_room`."""
+        if isinstance(action, Run):
+            if self._running < STATEMENTS_PER_CONNECTION:
+                self._running += 1
+                self._pool.submit(self._run, action)
+            else:
+                self._waiting.append(action)
+            return
+        self._outbox.append((action.frame, None, False))
+        if isinstance(action, Close):
+            self._outbox.append((b"", None, False))  # after the error frame: the writer closes the connection
+        self._room.notify_all()
+
+    def _run(self, run: Run) -> None:
+        while run is not None:
+            try:
+                frame = self._statements.answer(run, self._session)
+            except Exception:  # noqa: BLE001 - answer() answers every failure; this is a bug, not the client's
+                log.exception("a CQL request failed without an answer")
+                frame = None
+            with self._room:
+                if frame is not None:
+                    self._outbox.append((frame, run.stream, False))
+                else:
+                    self._state.answered(run.stream)
+                self._room.notify_all()
+                run = self._waiting.popleft() if self._waiting and self._open else None
+                if run is None:
+                    self._running -= 1
+
+    def _write(self) -> None:
+        """Send what is ready, in order; a stream's place is freed once its answer left (so the bound on running
+        statements bounds the answers waiting here too)."""
+        while True:
+            with self._room:
+                self._room.wait_for(lambda: self._outbox or not self._open)
+                if not self._outbox:
+                    return
+                frame, stream, event = self._outbox.popleft()
+            if not frame:
+                self.close()
+                return
+            try:
+                self._channel.sendall(frame)
+            except OSError:
+                self.close()
+                return
+            with self._room:
+                if stream is not None:
+                    self._state.answered(stream)
+                if event:
+                    self._events -= 1
+                self._room.notify_all()
 
 
 def _close(sock: socket.socket) -> None:

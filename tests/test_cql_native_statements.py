@@ -189,3 +189,16 @@ def test_an_unset_value_leaves_its_column_alone_and_is_refused_in_a_key(node):
     refused = client.send(protocol.ExecuteMessage(update.query_id, [b"x", unset, (2).to_bytes(8, "big")],
                                                   ConsistencyLevel.ONE))
     assert refused.code == native.INVALID and "UNSET" in refused.message
+
+
+def test_an_update_whose_every_value_is_unset_writes_nothing_and_errors_name_their_statement(node):
+    statements, writer, _ = node
+    client = Client(statements)
+    update = client.send(protocol.PrepareMessage("UPDATE ks.t SET v = ? WHERE p = ? AND c = ?"))
+    answer = client.send(protocol.ExecuteMessage(update.query_id, [protocol._UNSET_VALUE, b"\x00\x00\x00\x01",
+                                                                   (2).to_bytes(8, "big")], ConsistencyLevel.ONE))
+    assert answer.kind == 1 and writer.writes == []
+    exists = client.query("CREATE TABLE ks.t (p int PRIMARY KEY)")
+    assert exists.code in (native.ALREADY_EXISTS, native.INVALID)
+    huge = client.query("SELECT * FROM ks.t WHERE v = '" + "x" * (5 * 1024 * 1024) + "'")
+    assert huge.code == native.INVALID and "statement" in huge.message

@@ -114,6 +114,9 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     if args.spark_master and args.spark_remote:
         raise UsageError("--spark-master and --spark-remote are alternatives: the jobs run in a driver of this node's, "
                          "or through a Spark Connect server")
+    if args.cql and args.cql.rpartition(":")[0].strip("[]") in ("0.0.0.0", "::", ""):
+        raise UsageError("--cql needs the address clients reach (drivers are told it in system.peers), not a "
+                         "wildcard such as 0.0.0.0")
     addresses = [args.grpc, args.raft] + [a for a in (args.client_addr, args.cql) if a]
     addresses += [a for peer in args.peers.values() for a in peer]
     if len(set(addresses)) != len(addresses):
