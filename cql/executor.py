@@ -48,8 +48,7 @@ class Executor:
     def prepare(self, text: str, keyspace: str | None = None) -> Prepared:
         """Parse and resolve `text` once (names without a keyspace in `keyspace`); its id and bind columns
         (INVALID_ARGUMENT/NOT_FOUND as executing it)."""
-        self.limits.check_statement(text)
-        statement = in_keyspace(_parse_cached(text), keyspace)
+        statement = self.parsed(text, keyspace)
         if isinstance(statement, ROLE_STATEMENTS + (ast.Use, ast.Describe)):
             raise InvalidArgument(f"{type(statement).__name__} cannot be prepared: run it as a plain statement")
         prepared = prepare(text, statement, self._resolve, keyspace)
@@ -113,6 +112,11 @@ class Executor:
                 yield from self._selects.run(statements[0], page_size, paging_state, deadline)
                 return
             yield self._schema.run(statements[0])
+
+    def parsed(self, text: str, keyspace: str | None = None) -> ast.Statement:
+        """`text` parsed (after the size limit, before anything else), its bare names put in `keyspace`."""
+        self.limits.check_statement(text)
+        return in_keyspace(_parsed(text), keyspace)
 
     def prepared_statement(self, prepared_id: str) -> Prepared:
         """The prepared statement `prepared_id` as this node holds it; Unprepared if it does not (any more)."""
@@ -184,8 +188,7 @@ class Executor:
         if prepared_id:
             statement = self._valid_prepared(prepared_id).statement
         else:
-            self.limits.check_statement(text)
-            statement = in_keyspace(_parse_cached(text), keyspace)
+            statement = self.parsed(text, keyspace)
         if isinstance(statement, ast.Batch):
             self.limits.check_rows(len(statement.statements) * max(1, len(params or ())), "statements")
         return statement
@@ -212,6 +215,13 @@ def _with_rows(result: Result) -> Result:
     if result.arrow is not None and not result.rows:
         result.rows = result.row_values()
     return result
+
+
+CACHED_TEXT = 16 * 1024  # statement texts up to this size keep their parse (a cache of large ones would pin memory)
+
+
+def _parsed(text: str) -> ast.Statement:
+    return _parse_cached(text) if len(text) <= CACHED_TEXT else parse(text)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -106,7 +106,7 @@ def _token(node_id: str) -> str:
 
 def _native_address(node: Node) -> tuple[str, int] | None:
     """The node's CQL host (an IP address) and port, if it serves CQL."""
-    if not getattr(node, "cql", ""):
+    if not node.cql:
         return None
     host, _, port = node.cql.rpartition(":")
     host = host.strip("[]")

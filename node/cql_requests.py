@@ -2,7 +2,6 @@
 and errors written as the protocol's frames."""
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections.abc import Callable
@@ -11,10 +10,9 @@ from dataclasses import dataclass
 from coordinator.core import errors
 from coordinator.core.auth import Principal
 from coordinator.core.state import Group0State
-from cql import ast, native_protocol as native, parse, system_tables
+from cql import ast, native_protocol as native, system_tables
 from cql.binding import UNSET
 from cql.executor import Executor
-from cql.keyspaces import in_keyspace
 from cql.native_connection import Run
 from cql.parser import CqlSyntaxError
 from cql.prepared import UNPREPARED, Prepared, Unprepared
@@ -23,7 +21,6 @@ from cql.result import Result
 log = logging.getLogger(__name__)
 
 ANY, ONE, ALL, SERIAL, LOCAL_SERIAL = 0x0000, 0x0001, 0x0005, 0x0008, 0x0009
-CACHED_TEXT = 16 * 1024  # statement texts up to this size keep their parse
 DDL = (ast.CreateKeyspace, ast.AlterKeyspace, ast.DropKeyspace, ast.CreateTable, ast.AlterTable, ast.DropTable,
        ast.CreateView, ast.DropView, ast.CreateIndex, ast.DropIndex)
 WRITES = (ast.Insert, ast.Update, ast.Delete, ast.Batch)
@@ -78,8 +75,7 @@ class NativeStatements:
             prepared = self._executor.prepared_statement(request.statement_id.hex())
             statement, text, prepared_id = prepared.statement, prepared.text, prepared.id
         else:
-            self._executor.limits.check_statement(request.query)  # before any parsing
-            statement, text, prepared_id = in_keyspace(_parsed(request.query), session.keyspace), request.query, ""
+            statement, text, prepared_id = self._executor.parsed(request.query, session.keyspace), request.query, ""
             if isinstance(statement, ast.Select) and system_tables.is_system(statement.table):
                 return statement, self._system_select(statement, params)
             prepared = self._executor.prepare(text, session.keyspace) if params.values else None
@@ -128,15 +124,6 @@ class NativeStatements:
             return native.rows_from_arrow(stream, columns, result.arrow, result.paging_state or None)
         return native.rows(stream, native.Rows(columns, [tuple(row) for row in result.row_values()],
                                                result.paging_state or None))
-
-
-def _parsed(text: str) -> ast.Statement:
-    return _parsed_small(text) if len(text) <= CACHED_TEXT else parse(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parsed_small(text: str) -> ast.Statement:
-    return parse(text)
 
 
 def _check_consistency(consistency: int) -> None:
